@@ -1,0 +1,45 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install sysdeps test unit demo bench fuzz lint typecheck corpus-score clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+sysdeps:
+	bash scripts/install-system-deps.sh
+
+test: install sysdeps
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+unit: install
+	$(PY) -m pytest -q tests/unit
+
+demo: install
+	$(PY) -m correlator.demo
+
+bench: install
+	$(PY) -m benchmarks.run
+
+fuzz: install
+	ROOTRANK_FUZZ_MESSAGES=10000 $(PY) -m pytest -q tests/integration -k fuzz
+
+lint: install
+	$(VENV)/bin/ruff check ingest correlator tests
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+corpus-score: install
+	$(PY) scripts/score_corpus.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
