@@ -1,0 +1,1 @@
+"""Rules, matcher, correlation engine, faust app, sinks and CLI of rootrank."""

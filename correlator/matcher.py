@@ -1,0 +1,173 @@
+"""All rule patterns in one hyperscan database, scanned over whole buffers.
+
+The hot path never scans per pattern or per line: callers hand over one buffer (a file chunk,
+or a batch of lines joined with newlines) and get back (line, expression) hits. Named groups
+and `extract` regexes run in Python only on the few lines that hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+from typing import Literal
+
+import hyperscan
+
+from correlator.rules import Rule, RuleSet
+
+ExprRole = Literal["main", "after", "end"]
+
+_BASE_FLAGS = hyperscan.HS_FLAG_MULTILINE
+
+
+def _flags(caseless: bool) -> int:
+    return _BASE_FLAGS | (hyperscan.HS_FLAG_CASELESS if caseless else 0)
+
+
+def compile_single(pattern: str, *, caseless: bool = False) -> hyperscan.Database:
+    db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    db.compile(expressions=[pattern.encode("utf-8")], ids=[0], flags=[_flags(caseless)])
+    return db
+
+
+@dataclass(frozen=True, slots=True)
+class Expr:
+    rule_index: int
+    role: ExprRole
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A line that matched an expression. `start`/`end` are byte offsets of the line in the buffer."""
+
+    start: int
+    end: int
+    rule_index: int
+    role: ExprRole
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("ROOTRANK_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "rootrank"
+    )
+    return Path(base)
+
+
+class Matcher:
+    """Compiled once per rule set (and cached on disk by the rule set's content hash)."""
+
+    def __init__(self, ruleset: RuleSet, *, use_cache: bool = True) -> None:
+        self.ruleset = ruleset
+        self.rules: list[Rule] = [lr.rule for lr in ruleset.rules]
+        self.exprs: list[Expr] = []
+        patterns: list[bytes] = []
+        flags: list[int] = []
+        for index, rule in enumerate(self.rules):
+            groups: list[tuple[ExprRole, list[str]]] = [("main", rule.patterns)]
+            if rule.sequence is not None:
+                groups.append(("after", rule.sequence.after))
+            if rule.absence is not None:
+                groups.append(("end", rule.absence.end))
+            for role, pats in groups:
+                for pattern in pats:
+                    self.exprs.append(Expr(index, role))
+                    patterns.append(pattern.encode("utf-8"))
+                    flags.append(_flags(rule.caseless))
+        self._extractors: list[list[re.Pattern[str]]] = [self._compile_extractors(r) for r in self.rules]
+        self.db = self._load_or_compile(patterns, flags, use_cache)
+        self._hits: list[tuple[int, int]] = []
+
+    @staticmethod
+    def _compile_extractors(rule: Rule) -> list[re.Pattern[str]]:
+        out: list[re.Pattern[str]] = []
+        for pattern in [*rule.patterns, *rule.extract]:
+            try:
+                compiled = re.compile(pattern, re.IGNORECASE if rule.caseless else 0)
+            except re.error:
+                continue  # hyperscan-only syntax: matching still works, extraction skips it
+            if compiled.groupindex:
+                out.append(compiled)
+        return out
+
+    def _load_or_compile(self, patterns: list[bytes], flags: list[int], use_cache: bool) -> hyperscan.Database:
+        key = hashlib.sha256(
+            b"\0".join(patterns) + repr(flags).encode() + hyperscan.__version__.encode()
+        ).hexdigest()[:20]
+        path = _cache_dir() / f"hs-{key}.db"
+        if use_cache and path.exists():
+            try:
+                db = hyperscan.loadb(path.read_bytes(), hyperscan.HS_MODE_BLOCK)
+                db.scratch = hyperscan.Scratch(db)  # a deserialized database comes without scratch space
+                return db
+            except Exception:
+                pass  # a stale or torn cache file is rebuilt below
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        db.compile(expressions=patterns, ids=list(range(len(patterns))), flags=flags)
+        if use_cache:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_bytes(hyperscan.dumpb(db))
+                tmp.replace(path)
+            except OSError:
+                pass  # a read-only home only costs the compile time
+        return db
+
+    def _on_match(self, expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+        self._hits.append((to, expr_id))
+
+    def scan_raw(self, buf: bytes) -> list[tuple[int, int]]:
+        """(end offset, expression id) for every match in `buf`."""
+        self._hits = []
+        if buf:
+            self.db.scan(buf, match_event_handler=self._on_match)
+        hits, self._hits = self._hits, []
+        return hits
+
+    def scan_buffer(self, buf: bytes) -> list[Hit]:
+        """Matches in a newline-separated buffer, one Hit per (line, rule, role), in buffer order."""
+        seen: set[tuple[int, int, str]] = set()
+        out: list[Hit] = []
+        for to, expr_id in self.scan_raw(buf):
+            expr = self.exprs[expr_id]
+            probe = to - 1 if to > 0 and buf[to - 1 : to] == b"\n" else to
+            start = buf.rfind(b"\n", 0, max(probe, 0)) + 1
+            key = (start, expr.rule_index, expr.role)
+            if key in seen:
+                continue
+            seen.add(key)
+            end = buf.find(b"\n", probe)
+            out.append(Hit(start, len(buf) if end < 0 else end, expr.rule_index, expr.role))
+        out.sort(key=lambda h: (h.start, h.rule_index))
+        return out
+
+    def scan_lines(self, lines: Sequence[bytes]) -> list[tuple[int, Hit]]:
+        """Hits for a batch of lines, joined and scanned once: (line index, hit)."""
+        if not lines:
+            return []
+        buf = b"\n".join(lines)
+        starts = [0, *accumulate(len(line) + 1 for line in lines)]
+        return [(bisect_right(starts, hit.start) - 1, hit) for hit in self.scan_buffer(buf)]
+
+    def extract(self, rule_index: int, text: str) -> dict[str, str]:
+        """Named groups of the rule's patterns and `extract` regexes found in one line."""
+        fields: dict[str, str] = {}
+        for compiled in self._extractors[rule_index]:
+            m = compiled.search(text)
+            if m:
+                for name, value in m.groupdict().items():
+                    if value is not None and name not in fields:
+                        fields[name] = value
+        return fields
+
+    def matches(self, rule_index: int, text: str) -> bool:
+        """Whether one line matches the rule's main patterns (used by rule tests, not the hot path)."""
+        return any(
+            h.rule_index == rule_index and h.role == "main" for h in self.scan_buffer(text.encode("utf-8"))
+        )

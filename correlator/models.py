@@ -1,0 +1,106 @@
+"""Signals (matched lines and progress facts) and incidents: the engine's input and output."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["cause", "collateral", "either"]
+Severity = Literal["critical", "high", "medium", "low", "info"]
+
+MAX_EVIDENCE_LINE = 2_000
+
+
+class Signal(BaseModel):
+    """A line that hit a rule (kind=match) or a fact the engine needs (kind=fact: progress, world size).
+
+    `order` is the position of the line in its source; it orders lines that carry no timestamp.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    job_id: str
+    rule_id: str
+    rule_version: int = 1
+    kind: Literal["match", "fact"] = "match"
+    class_: str | None = Field(default=None, alias="class")
+    role: Role = "either"
+    severity: Severity = "medium"
+    host: str | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    gpu: str | None = None
+    ts: datetime | None = None
+    received_ts: datetime | None = None
+    source: str | None = None
+    file: str | None = None
+    order: int = 0
+    line: str = ""
+    fields: dict[str, str | int | float] = Field(default_factory=dict)
+
+
+class Initiator(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    rank: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    gpu: str | None = None
+    ts: str | None = None
+    rule: str
+    line: str
+
+
+class CollateralEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    class_: str = Field(alias="class")
+    ranks: list[int] = Field(default_factory=list)
+    hosts: list[str] = Field(default_factory=list)
+    count: int = 0
+
+
+class Evidence(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    rank: int | None = None
+    host: str | None = None
+    ts: str | None = None
+    rule: str
+    line: str
+
+
+class Incident(BaseModel):
+    """The JSON contract of `rootrank diagnose --format json` and of the incidents topic/index."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    incident_id: str
+    job_id: str
+    class_: str = Field(alias="class")
+    title: str
+    severity: Severity
+    confidence: float
+    confidence_reason: str
+    initiator: Initiator
+    collateral: list[CollateralEntry] = Field(default_factory=list)
+    evidence: list[Evidence] = Field(default_factory=list)
+    fix: list[str] = Field(default_factory=list)
+    verify: list[str] = Field(default_factory=list)
+    references: list[str] = Field(default_factory=list)
+    # Beyond the diagnose contract: what the streaming side and the sinks need.
+    revision: int = 1
+    status: Literal["open", "closed"] = "open"
+    window_start: str | None = None
+    window_end: str | None = None
+    rule_set_version: str = ""
+    rule_versions: dict[str, int] = Field(default_factory=dict)
+    world_size: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    def to_json_dict(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)
