@@ -1,0 +1,84 @@
+"""Configuration from environment (ROOTRANK_*, nested with __) and an optional YAML file.
+
+Each section belongs to one part of the pipeline; defaults are the embedded local stack.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class KafkaSettings(BaseModel):
+    bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_cafile: str | None = None
+
+
+class TopicSettings(BaseModel):
+    logs: str = "rootrank.logs"
+    signals: str = "rootrank.signals"
+    incidents: str = "rootrank.incidents"
+    deadletter: str = "rootrank.deadletter"
+    webhooks_deadletter: str = "rootrank.webhooks.deadletter"
+    partitions: int = 8
+    replication_factor: int = 1
+
+
+class EngineSettings(BaseModel):
+    quiet_window_s: float = Field(default=20.0, description="a job's window closes after this long without new signals")
+    rules_dir: str | None = Field(default=None, description="rule library folder (default: the installed one)")
+    job_path_regex: str | None = Field(default=None, description="regex with a named group `job` applied to file paths")
+
+
+class ElasticsearchSettings(BaseModel):
+    url: str = "http://127.0.0.1:9200"
+    username: str | None = None
+    password: str | None = None
+    api_key: str | None = None
+    ca_certs: str | None = None
+    verify_certs: bool = True
+    index_prefix: str = "rootrank"
+
+
+class WebhookSettings(BaseModel):
+    routes: list[dict[str, Any]] = Field(default_factory=list)
+    receivers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    api_token: str | None = None
+    allow_label_webhooks: bool = False
+    kibana_base_url: str | None = None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROOTRANK_", env_nested_delimiter="__", extra="ignore")
+
+    app_id: str = "rootrank"
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    topics: TopicSettings = Field(default_factory=TopicSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    elasticsearch: ElasticsearchSettings = Field(default_factory=ElasticsearchSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    data_dir: str = ".rootrank-data"
+    web_port: int = 6066
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Settings from a YAML file (ROOTRANK_CONFIG or `path`), then the environment, then `overrides`."""
+    path = path or os.environ.get("ROOTRANK_CONFIG")
+    data: dict[str, Any] = {}
+    if path:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: the config file must be a mapping")
+        data.update(loaded)
+    env = Settings()  # environment only
+    merged = {**data, **env.model_dump(exclude_unset=True), **overrides}
+    return Settings.model_validate(merged)
