@@ -21,6 +21,18 @@ class KafkaSettings(BaseModel):
     sasl_username: str | None = None
     sasl_password: str | None = None
     ssl_cafile: str | None = None
+    session_timeout_s: float = Field(
+        default=30.0, description="consumer group session timeout; some brokers take half of it to finish a join"
+    )
+    producer_max_batch_size: int = Field(
+        default=16_384,
+        description="bytes per producer batch (1 = one message per batch, for brokers whose ListOffsets "
+        "under-reports the end of a batched log, which breaks changelog recovery)",
+    )
+    producer_linger_ms: int = Field(default=0, description="how long the producer waits to fill a batch")
+    max_request_bytes: int = Field(
+        default=32 * 1024 * 1024, description="largest produce request the worker sends (dead letters keep raw bytes)"
+    )
 
 
 class TopicSettings(BaseModel):
@@ -31,12 +43,25 @@ class TopicSettings(BaseModel):
     webhooks_deadletter: str = "rootrank.webhooks.deadletter"
     partitions: int = 8
     replication_factor: int = 1
+    logs_max_message_bytes: int = Field(
+        default=16 * 1024 * 1024, description="max.message.bytes of the logs topic (larger values are refused)"
+    )
+    deadletter_max_message_bytes: int = Field(
+        default=32 * 1024 * 1024, description="max.message.bytes of the dead-letter topic (raw bytes base64-encoded)"
+    )
+    logs_retention_ms: int = Field(default=3 * 24 * 3600 * 1000, description="retention of raw logs and signals")
 
 
 class EngineSettings(BaseModel):
     quiet_window_s: float = Field(default=20.0, description="a job's window closes after this long without new signals")
     rules_dir: str | None = Field(default=None, description="rule library folder (default: the installed one)")
     job_path_regex: str | None = Field(default=None, description="regex with a named group `job` applied to file paths")
+    batch_size: int = Field(default=500, description="raw messages the match agent decodes and scans at once")
+    batch_within_s: float = Field(default=0.2, description="longest wait to fill a match batch")
+    max_value_bytes: int = Field(
+        default=4 * 1024 * 1024, description="raw messages larger than this go to the dead-letter topic"
+    )
+    tick_interval_s: float = Field(default=1.0, description="how often the correlator looks for quiet windows")
 
 
 class ElasticsearchSettings(BaseModel):

@@ -1,0 +1,356 @@
+"""`rootrank diagnose`: the streaming engine, run offline over files.
+
+Plain-text logs are scanned in large chunks straight from disk (one hyperscan scan per chunk); only
+the lines that hit a rule are decoded into events. JSON-lines files written by forwarders go through
+the same decoders the streaming worker uses.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from correlator.engine import Engine, JobState
+from correlator.matcher import Hit, Matcher
+from correlator.models import Incident, Signal
+from correlator.rules import RuleSet, load_ruleset
+from correlator.signals import SignalExtractor, best_hits_per_line
+from ingest.decoders import DecodeError, decode_value, to_event
+from ingest.event import LogEvent
+from ingest.multiline import is_continuation, split_glued
+from ingest.prefixes import Identity, identity_from_path, parse_prefixes
+
+CHUNK_BYTES = 16 * 1024 * 1024
+CONTINUATION_LOOKBACK = 64
+_ORDER_STRIDE = 10**12  # orders of different files never interleave when no timestamps exist
+
+
+class InputError(Exception):
+    """A path that cannot be read; the message says what to do."""
+
+
+@dataclass
+class DiagnoseStats:
+    files: int = 0
+    bytes: int = 0
+    lines_hit: int = 0
+    signals: int = 0
+    skipped: list[str] = field(default_factory=list)
+    decode_errors: int = 0
+
+
+@dataclass
+class Source:
+    name: str
+    size: int | None
+    open: Callable[[], BinaryIO]
+
+
+def iter_sources(paths: Sequence[str], stats: DiagnoseStats) -> Iterator[Source]:
+    for raw in paths:
+        if raw == "-":
+            yield Source("<stdin>", None, lambda: sys.stdin.buffer)
+            continue
+        path = Path(raw)
+        if not path.exists():
+            raise InputError(f"{raw}: no such file or directory")
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            if not files:
+                stats.skipped.append(f"{raw}: folder has no files")
+        else:
+            files = [path]
+        for f in files:
+            if not os.access(f, os.R_OK):
+                stats.skipped.append(f"{f}: not readable (permission denied)")
+                continue
+            size = f.stat().st_size
+            if f.suffix == ".gz":
+                yield Source(str(f), size, lambda f=f: gzip.open(f, "rb"))  # type: ignore[misc]
+            else:
+                yield Source(str(f), size, lambda f=f: open(f, "rb"))  # type: ignore[misc]
+
+
+def _looks_binary(head: bytes) -> bool:
+    if b"\0" in head[:8192]:
+        return True
+    sample = head[:8192]
+    if not sample:
+        return False
+    text_like = sum(1 for b in sample if b >= 32 or b in (9, 10, 13, 27))
+    return text_like / len(sample) < 0.85
+
+
+def _looks_json_lines(head: bytes) -> bool:
+    stripped = head.lstrip()
+    return stripped.startswith(b"{") and b"}\n" in head[:65536] or (stripped.startswith(b"{") and head.rstrip().endswith(b"}"))
+
+
+class Diagnoser:
+    """Reusable: compiles the matcher once, diagnoses any number of path sets."""
+
+    def __init__(self, ruleset: RuleSet | None = None, *, matcher: Matcher | None = None) -> None:
+        self.ruleset = ruleset or load_ruleset()
+        self.matcher = matcher or Matcher(self.ruleset)
+        self.extractor = SignalExtractor(self.ruleset, self.matcher)
+        self.engine = Engine(self.ruleset)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def signals_from_paths(
+        self,
+        paths: Sequence[str],
+        job_id: str,
+        stats: DiagnoseStats,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[Signal]:
+        signals: list[Signal] = []
+        for file_index, source in enumerate(iter_sources(paths, stats)):
+            try:
+                stream = source.open()
+            except OSError as exc:
+                stats.skipped.append(f"{source.name}: cannot open ({exc.strerror or exc})")
+                continue
+            try:
+                signals.extend(self._signals_from_stream(source, stream, job_id, file_index, stats, progress))
+            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                stats.skipped.append(f"{source.name}: read failed ({exc})")
+            finally:
+                if stream is not sys.stdin.buffer:
+                    stream.close()
+        stats.signals = len(signals)
+        return signals
+
+    def _signals_from_stream(
+        self,
+        source: Source,
+        stream: BinaryIO,
+        job_id: str,
+        file_index: int,
+        stats: DiagnoseStats,
+        progress: Callable[[int], None] | None,
+    ) -> list[Signal]:
+        head = stream.read(CHUNK_BYTES)
+        if _looks_binary(head):
+            stats.skipped.append(f"{source.name}: binary data, skipped")
+            return []
+        stats.files += 1
+        path_hints = identity_from_path(source.name) if source.name != "<stdin>" else {}
+        if _looks_json_lines(head):
+            return self._signals_from_json_lines(source, stream, head, job_id, file_index, stats, progress)
+        out: list[Signal] = []
+        carry = b""
+        base = 0  # byte offset of `buf` in the file
+        chunk = head
+        while chunk:
+            buf = carry + chunk
+            cut = buf.rfind(b"\n") + 1
+            nxt = stream.read(CHUNK_BYTES)
+            if not nxt:
+                cut = len(buf)
+            body, carry = buf[:cut], buf[cut:]
+            out.extend(self._scan_text(body, base, source.name, path_hints, job_id, file_index, stats))
+            base += len(body)
+            stats.bytes += len(chunk)
+            if progress:
+                progress(len(chunk))
+            chunk = nxt
+        if carry:
+            out.extend(self._scan_text(carry, base, source.name, path_hints, job_id, file_index, stats))
+        return out
+
+    def _scan_text(
+        self,
+        body: bytes,
+        base: int,
+        name: str,
+        path_hints: dict[str, str | int],
+        job_id: str,
+        file_index: int,
+        stats: DiagnoseStats,
+    ) -> list[Signal]:
+        hits = self.matcher.scan_buffer(body)
+        if not hits:
+            return []
+        pairs = best_hits_per_line([(h.start, h) for h in hits], self.matcher.rules)
+        out: list[Signal] = []
+        cache: dict[int, tuple[LogEvent, str]] = {}
+        for start, hit in pairs:
+            if start not in cache:
+                stats.lines_hit += 1
+                cache[start] = self._event_for_line(body, hit, base, name, path_hints, job_id)
+            event, raw = cache[start]
+            out.append(self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + start, raw=raw))
+        return out
+
+    def _event_for_line(
+        self, body: bytes, hit: Hit, base: int, name: str, path_hints: dict[str, str | int], job_id: str
+    ) -> tuple[LogEvent, str]:
+        raw = body[hit.start : hit.end].decode("utf-8", "replace").rstrip("\r")
+        if "\r" in raw or "|" in raw:
+            segments = split_glued(raw)
+            if len(segments) > 1:
+                rule_index = hit.rule_index
+                raw = next((s for s in segments if self.matcher.matches(rule_index, s)), segments[-1])
+        ident = parse_prefixes(raw)
+        if ident.rank is None and ident.host is None and ident.pid is None and ident.local_rank is None:
+            ident = self._continued_identity(body, hit.start, ident)
+        event = LogEvent(
+            job_id=job_id,
+            host=ident.host or _str_or_none(path_hints.get("host")),
+            rank=ident.rank if ident.rank is not None else _int_or_none(path_hints.get("rank")),
+            local_rank=ident.local_rank,
+            pid=ident.pid,
+            gpu=ident.gpu,
+            ts=ident.ts,
+            source="plain",
+            file=name,
+            offset=base + hit.start,
+            line=ident.text,
+        )
+        return event, raw
+
+    @staticmethod
+    def _continued_identity(body: bytes, start: int, ident: Identity) -> Identity:
+        """A traceback's last line has no prefix: take the identity of the record it continues."""
+        pos = start
+        for _ in range(CONTINUATION_LOOKBACK):
+            if pos <= 0:
+                break
+            prev_start = body.rfind(b"\n", 0, pos - 1) + 1
+            prev = body[prev_start : pos - 1].decode("utf-8", "replace")
+            pos = prev_start
+            if not prev.strip():
+                break
+            prev_ident = parse_prefixes(prev)
+            if prev_ident.rank is not None or prev_ident.host is not None or prev_ident.pid is not None:
+                return Identity(
+                    text=ident.text,
+                    rank=prev_ident.rank,
+                    local_rank=prev_ident.local_rank,
+                    host=prev_ident.host,
+                    pid=prev_ident.pid,
+                    gpu=prev_ident.gpu,
+                    ts=ident.ts or prev_ident.ts,
+                    ts_has_date=ident.ts_has_date if ident.ts else prev_ident.ts_has_date,
+                )
+            if not is_continuation(prev):
+                break
+        return ident
+
+    def _signals_from_json_lines(
+        self,
+        source: Source,
+        stream: BinaryIO,
+        head: bytes,
+        job_id: str,
+        file_index: int,
+        stats: DiagnoseStats,
+        progress: Callable[[int], None] | None,
+    ) -> list[Signal]:
+        out: list[Signal] = []
+        events: list[LogEvent] = []
+        reader = io.BufferedReader(_Prepend(head, stream))  # type: ignore[arg-type]
+        for lineno, line in enumerate(reader):
+            stats.bytes += len(line)
+            if progress:
+                progress(len(line))
+            if not line.strip():
+                continue
+            try:
+                records = decode_value(line.rstrip(b"\n"))
+            except DecodeError:
+                stats.decode_errors += 1
+                continue
+            for record in records:
+                events.append(to_event(record, default_job=job_id, offset=lineno))
+            if len(events) >= 4096:
+                out.extend(self._from_events(events, job_id, file_index))
+                events = []
+        if events:
+            out.extend(self._from_events(events, job_id, file_index))
+        return out
+
+    def _from_events(self, events: list[LogEvent], job_id: str, file_index: int) -> list[Signal]:
+        # All given paths form one job, whatever job the forwarder's fields name.
+        same_job = [e if e.job_id == job_id else e.model_copy(update={"job_id": job_id}) for e in events]
+        return self.extractor.from_events(same_job, order_base=file_index * _ORDER_STRIDE)
+
+    # --- diagnosing ---------------------------------------------------------------------
+
+    def diagnose(
+        self,
+        paths: Sequence[str],
+        job_id: str | None = None,
+        *,
+        stats: DiagnoseStats | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[list[Incident], list[Signal]]:
+        stats = stats or DiagnoseStats()
+        job = job_id or default_job_id(paths)
+        signals = self.signals_from_paths(paths, job, stats, progress)
+        state = JobState(job_id=job)
+        state.add_all(signals)
+        return self.engine.diagnose(state), signals
+
+
+class _Prepend(io.RawIOBase):
+    """A stream that yields `head` first, then the rest of `stream` (the head was read to sniff the format)."""
+
+    def __init__(self, head: bytes, stream: BinaryIO) -> None:
+        self._head = head
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray) -> int:  # type: ignore[override]
+        if self._head:
+            n = min(len(b), len(self._head))
+            b[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._stream.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+def default_job_id(paths: Sequence[str]) -> str:
+    for raw in paths:
+        if raw == "-":
+            continue
+        hints = identity_from_path(raw)
+        if hints.get("job_id"):
+            return str(hints["job_id"])
+        name = Path(raw).name
+        for suffix in (".gz", ".log", ".txt", ".out", ".jsonl", ".json"):
+            if name.endswith(suffix):
+                name = name[: -len(suffix)]
+        return name or "job"
+    return "stdin"
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+_DEFAULT: Diagnoser | None = None
+
+
+def diagnose_paths(paths: list[str], job_id: str | None = None) -> list[Incident]:
+    """Library entry point: the incidents of the job formed by `paths`, primary first."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Diagnoser()
+    incidents, _ = _DEFAULT.diagnose(paths, job_id)
+    return incidents

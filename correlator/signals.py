@@ -1,0 +1,100 @@
+"""Turn events into signals: one hyperscan scan per batch, extraction only on the lines that hit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from correlator.matcher import Hit, Matcher
+from correlator.models import MAX_EVIDENCE_LINE, Signal
+from correlator.rules import Rule, RuleSet
+from ingest.event import LogEvent
+
+# Fields a rule may extract that describe *who* failed; they override the identity of the line's writer
+# (a launcher line "local_rank: 5 (pid: 2630) failed" is written by the agent, about local rank 5).
+IDENTITY_FIELDS = ("rank", "local_rank", "pid", "gpu", "host")
+
+
+def _coerce(value: str) -> str | int | float:
+    try:
+        return int(value)
+    except ValueError:
+        try:
+            return float(value)
+        except ValueError:
+            return value
+
+
+def best_hits_per_line(hits: Sequence[tuple[int, Hit]], rules: Sequence[Rule]) -> list[tuple[int, Hit]]:
+    """Keep, per line, every fact/marker hit but only the most confident signature hit.
+
+    One line is one failure: "watchdog thread terminated with exception: CUDA error: an illegal memory
+    access" is an illegal memory access, not also an NCCL timeout.
+    """
+    best: dict[int, tuple[int, Hit]] = {}
+    out: list[tuple[int, Hit]] = []
+    for index, hit in hits:
+        rule = rules[hit.rule_index]
+        if hit.role != "main" or rule.kind != "signature":
+            out.append((index, hit))
+            continue
+        current = best.get(index)
+        if current is None or rule.confidence > rules[current[1].rule_index].confidence:
+            best[index] = (index, hit)
+    out.extend(best.values())
+    out.sort(key=lambda pair: (pair[0], pair[1].rule_index))
+    return out
+
+
+class SignalExtractor:
+    def __init__(self, ruleset: RuleSet, matcher: Matcher | None = None) -> None:
+        self.ruleset = ruleset
+        self.matcher = matcher or Matcher(ruleset)
+        self.rules = self.matcher.rules
+        self._roles = [ruleset.role_of(rule) for rule in self.rules]
+
+    def signal_for(self, event: LogEvent, hit: Hit, order: int, *, raw: str | None = None) -> Signal:
+        """`raw` is the line as it was scanned (prefixes included), used for extraction when given."""
+        rule = self.rules[hit.rule_index]
+        text = event.line
+        identity: dict[str, object] = {
+            "host": event.host,
+            "rank": event.rank,
+            "local_rank": event.local_rank,
+            "pid": event.pid,
+            "gpu": event.gpu,
+        }
+        fields: dict[str, str | int | float] = {}
+        if hit.role == "main":
+            for name, value in self.matcher.extract(hit.rule_index, raw if raw is not None else text).items():
+                if name in IDENTITY_FIELDS:
+                    identity[name] = value if name in ("gpu", "host") else _coerce(value)
+                else:
+                    fields[name] = _coerce(value)
+        else:
+            fields["marker"] = hit.role
+        is_fact = rule.kind == "fact" or hit.role != "main"
+        return Signal(
+            job_id=event.job_id,
+            rule_id=rule.id,
+            rule_version=rule.version,
+            kind="fact" if is_fact else "match",
+            class_=rule.class_,
+            role=self._roles[hit.rule_index],
+            severity=rule.severity,
+            ts=event.ts,
+            received_ts=event.received_ts,
+            source=event.source,
+            file=event.file,
+            order=order,
+            line=text[:MAX_EVIDENCE_LINE],
+            fields=fields,
+            **identity,  # type: ignore[arg-type]
+        )
+
+    def from_events(self, events: Sequence[LogEvent], *, order_base: int = 0) -> list[Signal]:
+        lines = [event.line.encode("utf-8", "replace") for event in events]
+        hits = best_hits_per_line(self.matcher.scan_lines(lines), self.rules)
+        return [
+            self.signal_for(events[index], hit, order_base + (index if events[index].offset is None else events[index].offset))
+            for index, hit in hits
+        ]

@@ -1,0 +1,401 @@
+"""Identity prefixes: who wrote a line (rank, host, pid, GPU) and when, from the text in front of it.
+
+Launchers, loggers and aggregators put identity in front of each line, often several stacked:
+`2024-01-01T12:00:00Z [rank3]:[E102 18:16:40.66 ProcessGroupNCCL.cpp:632] ...`. `parse_prefixes`
+peels them off left to right, records what each one says, and returns the rest of the line.
+
+Only true prefixes are removed. Identity that appears inside the message (`[Rank 3] Watchdog
+caught ...`, composer's `Rank 0 crashed`) stays in the text: the rules extract it, because
+there it is a claim about some rank, not the identity of the writer.
+
+When two stacked prefixes say the same thing, the outer one wins (it was added last, by the
+component closest to the collector, and is what the other lines of the stream carry too). For
+time, the first timestamp with a full date wins over year-less ones (glog, vLLM, syslog).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import PurePath
+
+from ingest import timestamps as tsu
+
+__all__ = ["Identity", "identity_from_path", "parse_prefixes"]
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What the prefixes of one line say. `text` is the line without them.
+
+    `ts_has_date` is False when the line's time had no year (glog, vLLM, syslog) and the year
+    was supplied or guessed; `severity` is the logger's level when a parsed header carried one
+    ("debug", "info", "warning", "error", "fatal").
+    """
+
+    text: str
+    rank: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    gpu: str | None = None
+    ts: datetime | None = None
+    ts_has_date: bool = False
+    severity: str | None = None
+
+    def has_identity(self) -> bool:
+        return (
+            self.rank is not None
+            or self.local_rank is not None
+            or self.pid is not None
+            or self.host is not None
+            or self.gpu is not None
+        )
+
+
+_SEVERITY = {
+    "I": "info", "W": "warning", "E": "error", "F": "fatal", "D": "debug", "V": "debug",
+    "DEBUG": "debug", "INFO": "info", "WARN": "warning", "WARNING": "warning", "ERROR": "error",
+    "CRITICAL": "fatal", "FATAL": "fatal",
+}  # fmt: skip
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+_MON = r"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+_FRAC = r"(?:[.,](\d+))?"
+_TZ = r"(Z|[+-]\d\d:?\d\d)?"
+
+# --- prefixes that start with '[' -------------------------------------------------------------
+# [rank3]:  (torch.distributed's per-rank prefix, also with --local-ranks-filter)
+_RANK_COLON = re.compile(r"\[[Rr]ank(\d+)\]: ?")
+# [default0]:  torchrun --tee / --log-line-prefix: [{role}{local_rank}]:
+_ROLE_LOCAL = re.compile(r"\[([A-Za-z_][A-Za-z_-]*?)(\d+)\]: ?")
+# OpenMPI --tag-output: [jobid,rank]<stream>:  and SageMaker's [1,mpirank:7,algo-1]<stderr>:
+_MPI = re.compile(r"\[(\d+),(?:mpirank:)?(\d+)(?:,([^\]\s,]+))?\]<(?:stdout|stderr|stddiag)>: ?")
+# [80746] [rank0]:  a pid in brackets, only when another identity prefix follows
+_PID_BRACKET = re.compile(r"\[(\d+)\] (?=\[(?:[Rr]ank\d+|[A-Za-z_]+\d+)\]:)")
+# [RANK 1]  upper case, SimpleTuner / TRT-LLM style (NCCL's "[Rank 1]" is message text)
+_RANK_UPPER = re.compile(r"\[RANK (\d+)\] ?")
+# [2024-09-11 17:52:11,320]  and Ray's C++ logger [2024-04-16 00:03:25,080 E 7046 7269] file.cc:361:
+_BRACKET_DT = re.compile(
+    r"\[(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)" + _FRAC + r" ?" + _TZ +
+    r"(?: ([DIWEF]) (\d+) \d+\] (?:[\w.-]+:\d+: ?)?|\] ?)"
+)  # fmt: skip
+# TRT-LLM: [11/18/2025-09:33:30] [TRT-LLM] [RANK 0] [E]
+_TRTLLM = re.compile(
+    r"\[(\d\d)/(\d\d)/(\d{4})-(\d\d):(\d\d):(\d\d)\] (?:\[TRT-LLM\] ?)?(?:\[RANK (\d+)\] ?)?(?:\[([DIWEFV])\] ?)?"
+)
+# c10 logging: [E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607]  (month not zero-padded)
+_C10 = re.compile(r"\[([IWEF])(\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+)(?: +(\d+))? [^\]\s]+:\d+\] ?")
+# dmesg: [ 1843.308145]  and dmesg --reltime deltas [  +0.000316]: relative, not wall-clock
+_DMESG_REL = re.compile(r"\[ *\+?\d+\.\d+\] ?")
+# dmesg -T: [Mon Jun  2 13:13:04 2025]
+_DMESG_T = re.compile(r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + r" +(\d+) (\d\d):(\d\d):(\d\d) (\d{4})\] ?")
+# UCX: [8d6bf97c3bf4:3039 :0:3095] Caught signal ...
+_UCX = re.compile(r"\[([\w.-]+):(\d+) *:\d+:\d+\] ?")
+# a level in brackets right before a timestamp ([INFO] 2021-09-13 ...) or right after one
+_BRACKET_LEVEL = re.compile(r"\[(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\] ?")
+_DATE_AHEAD = re.compile(r"\[?\d{4}[-/]\d\d[-/]\d\d")
+# metaflow: [177/train/578 (pid 28936)] [09c561ee-a44c-4795-967c-7183a83b3160]
+_METAFLOW = re.compile(r"\[[\w.-]+/[\w.-]+/[\w.-]+ \(pid (\d+)\)\] ?(?:\[[0-9a-fA-F-]{8,}\] ?)?")
+
+# --- prefixes that start with '(' -------------------------------------------------------------
+# Ray and vLLM: (RayWorkerVllm pid=7046) (Worker pid=1, ip=10.0.0.2) (VllmWorker rank=1 pid=9)
+# (EngineCore_DP0 pid=43418) (raylet) (raylet, ip=10.0.0.2)
+_PAREN = re.compile(
+    r"\((?P<name>[A-Za-z_][\w.:-]*(?: [A-Za-z_]\w*)?(?=[ ,)]))?(?P<kv>(?:,? ?[A-Za-z_]\w*=[^\s,()]+)+)?\) ?"
+)
+_KV = re.compile(r"([A-Za-z_]\w*)=([^\s,()]+)")
+_RAY_DAEMONS = frozenset(
+    {"raylet", "gcs_server", "autoscaler", "monitor", "dashboard", "dashboard_agent", "log_monitor"}
+)
+
+# --- prefixes that start with a digit ---------------------------------------------------------
+# kubectl logs --timestamps / CRI: 2024-01-01T12:00:00.123456789Z [stdout F ]
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)" + _FRAC + _TZ + r"(?: (?:stdout|stderr) [FP])?(?: |$)"
+)
+# python logging / loguru: 2023-04-29 06:01:12.977, 2024-05-07 15:51:09,140 - , ... | INFO
+_SPACE_DT = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)" + _FRAC + r"(?: ?(Z|[+-]\d\d:?\d\d|UTC))?(?:(?: [|-])? |$)"
+)
+# Go log / klog: 2022/03/21 15:13:18
+_SLASH_DT = re.compile(r"(\d{4})/(\d\d)/(\d\d) (\d\d):(\d\d):(\d\d)" + _FRAC + r"(?: |$)")
+# NCCL: host:pid:tid [cudaDev]
+_NCCL = re.compile(r"([\w.-]+):(\d+):(\d+) \[(\d+)\] ")
+# srun --label: "3: " (only at the very start, and never a time like 12:34:56)
+_SRUN = re.compile(r" *(\d{1,6}): ")
+
+# --- prefixes that start with a letter --------------------------------------------------------
+# glog / torch elastic: E1206 18:44:12.715298 2606 path/file.py:869]
+_GLOG = re.compile(r"([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+) +(\d+) [^\]\s]+:\d+\] ?")
+# vLLM: ERROR 11-08 11:01:29 [core.py:502]
+_VLLM = re.compile(
+    r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)" + _FRAC + r" (?:\[[^\]\s]+:\d+\] ?)?"
+)
+# syslog (traditional / journalctl short): May  1 12:00:00 host tag[pid]:
+_SYSLOG = re.compile(
+    _MON + r" ([ \d]?\d) (\d\d):(\d\d):(\d\d)" + _FRAC + r" ([\w.-]+) [\w./@-]+?(?:\[(\d+)\])?: ?"
+)
+_KERNEL = re.compile(r"kernel: ?")
+# docker compose: "service-name  | " (only at the very start)
+_COMPOSE = re.compile(r"([A-Za-z0-9][\w.-]*) +\| ")
+# cheap gate for lines that start with a letter: does any letter-led prefix fit at all?
+_LETTER_GATE = re.compile(
+    r"[\w.-]+:\d+:\d+ \[|[A-Za-z0-9][\w.-]* +\| |[IWEF]\d{4} |"
+    + _MON
+    + r" [ \d]?\d \d|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-|kernel:"
+)
+
+_MAX_PREFIXES = 8
+
+
+def _i(value: str | None) -> int | None:
+    return int(value) if value else None
+
+
+def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
+    """Peel the identity/time prefixes off `line`.
+
+    `year` completes year-less timestamps (glog, vLLM, syslog); without it the current year is
+    used unless that puts the time in the future.
+    """
+    if not line:
+        return Identity(text=line)
+    first = line[0]
+    if first == "\x1b":
+        line = _ANSI.sub("", line)
+        if not line:
+            return Identity(text=line)
+        first = line[0]
+    if first.isalpha():
+        if _LETTER_GATE.match(line) is None:
+            return Identity(text=line)
+    elif not (first in "[( " or first.isdigit()):
+        return Identity(text=line)
+
+    rank: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    gpu: str | None = None
+    ts: datetime | None = None
+    ts_has_date = False
+    severity: str | None = None
+
+    def take_ts(candidate: datetime | None, has_date: bool) -> None:
+        nonlocal ts, ts_has_date
+        if candidate is None:
+            return
+        if ts is None or (has_date and not ts_has_date):
+            ts, ts_has_date = candidate, has_date
+
+    def undated(month: int, day: int, hh: str, mm: str, ss: str, frac: str | None) -> datetime | None:
+        y = tsu.guess_year(month, day, year)
+        return tsu.build(y, month, day, int(hh), int(mm), int(ss), tsu.frac_to_us(frac))
+
+    pos = 0
+    n = len(line)
+    after_ts = False  # a bracketed level right after a timestamp is part of the same header
+    for _ in range(_MAX_PREFIXES):
+        if pos >= n:
+            break
+        c = line[pos]
+        m: re.Match[str] | None = None
+        was_ts = False
+        if c == "[":
+            if (m := _RANK_COLON.match(line, pos)) is not None:
+                rank = rank if rank is not None else int(m[1])
+            elif (m := _C10.match(line, pos)) is not None:
+                severity = severity or _SEVERITY[m[1]]
+                take_ts(undated(int(m[2]), int(m[3]), m[4], m[5], m[6], m[7]), False)
+                pid = pid if pid is not None else _i(m[8])
+            elif (m := _BRACKET_DT.match(line, pos)) is not None:
+                take_ts(
+                    tsu.build(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]),
+                              tsu.frac_to_us(m[7]), m[8]),
+                    True,
+                )  # fmt: skip
+                if m[9]:  # Ray C++ header
+                    severity = severity or _SEVERITY[m[9]]
+                    pid = pid if pid is not None else int(m[10])
+                was_ts = True
+            elif (m := _MPI.match(line, pos)) is not None:
+                rank = rank if rank is not None else int(m[2])
+                host = host or m[3]
+            elif (m := _ROLE_LOCAL.match(line, pos)) is not None:
+                local_rank = local_rank if local_rank is not None else int(m[2])
+            elif pos == 0 and (m := _PID_BRACKET.match(line, pos)) is not None:
+                pid = int(m[1])
+            elif (m := _TRTLLM.match(line, pos)) is not None:
+                take_ts(tsu.build(int(m[3]), int(m[1]), int(m[2]), int(m[4]), int(m[5]), int(m[6])), True)
+                rank = rank if rank is not None else _i(m[7])
+                if m[8]:
+                    severity = severity or _SEVERITY[m[8]]
+            elif (m := _RANK_UPPER.match(line, pos)) is not None:
+                rank = rank if rank is not None else int(m[1])
+            elif (m := _DMESG_REL.match(line, pos)) is not None:
+                pass
+            elif (m := _UCX.match(line, pos)) is not None:
+                host = host or m[1]
+                pid = pid if pid is not None else int(m[2])
+            elif (m := _METAFLOW.match(line, pos)) is not None:
+                pid = pid if pid is not None else int(m[1])
+            elif (m := _BRACKET_LEVEL.match(line, pos)) is not None:
+                if after_ts or _DATE_AHEAD.match(line, m.end()):
+                    severity = severity or _SEVERITY[m[1]]
+                else:
+                    m = None
+            elif (m := _DMESG_T.match(line, pos)) is not None:
+                take_ts(tsu.build(int(m[6]), tsu.MONTHS[m[1]], int(m[2]), int(m[3]), int(m[4]), int(m[5])), True)
+                was_ts = True
+        elif c == "(":
+            m = _PAREN.match(line, pos)
+            if m is not None:
+                name = m["name"]
+                kv = dict(_KV.findall(m["kv"])) if m["kv"] else {}
+                if "pid" in kv or name in _RAY_DAEMONS:
+                    if kv.get("pid", "").isdigit():
+                        pid = pid if pid is not None else int(kv["pid"])
+                    if kv.get("rank", "").isdigit():
+                        rank = rank if rank is not None else int(kv["rank"])
+                    host = host or kv.get("ip")
+                else:
+                    m = None
+        elif c.isdigit():
+            if (m := _RFC3339.match(line, pos)) is not None:
+                take_ts(
+                    tsu.build(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]),
+                              tsu.frac_to_us(m[7]), m[8]),
+                    True,
+                )  # fmt: skip
+                was_ts = True
+            elif (m := _SPACE_DT.match(line, pos)) is not None:
+                tz = None if m[8] == "UTC" else m[8]
+                take_ts(
+                    tsu.build(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]),
+                              tsu.frac_to_us(m[7]), tz),
+                    True,
+                )  # fmt: skip
+                was_ts = True
+            elif (m := _SLASH_DT.match(line, pos)) is not None:
+                take_ts(
+                    tsu.build(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]),
+                              tsu.frac_to_us(m[7])),
+                    True,
+                )  # fmt: skip
+                was_ts = True
+            elif (m := _NCCL.match(line, pos)) is not None:
+                host = host or m[1]
+                pid = pid if pid is not None else int(m[2])
+                gpu = gpu or m[4]
+            elif pos == 0 and (m := _SRUN.match(line, pos)) is not None:
+                rank = int(m[1])
+        elif c == " ":
+            if pos == 0 and (m := _SRUN.match(line, pos)) is not None:
+                rank = int(m[1])
+        elif c.isalpha():
+            if (m := _GLOG.match(line, pos)) is not None:
+                severity = severity or _SEVERITY[m[1]]
+                take_ts(undated(int(m[2]), int(m[3]), m[4], m[5], m[6], m[7]), False)
+                pid = pid if pid is not None else int(m[8])
+            elif (m := _NCCL.match(line, pos)) is not None:
+                host = host or m[1]
+                pid = pid if pid is not None else int(m[2])
+                gpu = gpu or m[4]
+            elif (m := _VLLM.match(line, pos)) is not None:
+                severity = severity or _SEVERITY[m[1]]
+                take_ts(undated(int(m[2]), int(m[3]), m[4], m[5], m[6], m[7]), False)
+            elif (m := _SYSLOG.match(line, pos)) is not None:
+                take_ts(undated(tsu.MONTHS[m[1]], int(m[2]), m[3], m[4], m[5], m[6]), False)
+                host = host or m[7]
+                pid = pid if pid is not None else _i(m[8])
+            elif (m := _KERNEL.match(line, pos)) is not None:
+                pass
+            elif pos == 0 and (m := _COMPOSE.match(line, pos)) is not None:
+                host = m[1]
+        if m is None or m.end() == pos:
+            break
+        pos = m.end()
+        after_ts = was_ts
+
+    return Identity(
+        text=line[pos:] if pos else line,
+        rank=rank,
+        local_rank=local_rank,
+        pid=pid,
+        host=host,
+        gpu=gpu,
+        ts=ts,
+        ts_has_date=ts_has_date,
+        severity=severity,
+    )
+
+
+# --- identity from file paths -----------------------------------------------------------------
+
+_PATH_RANK = re.compile(r"(?:^|[^A-Za-z])rank[_-]?(\d+)(?![\d])", re.IGNORECASE)
+_PATH_LOCAL_RANK = re.compile(r"local[_-]?rank[_-]?(\d+)(?!\d)", re.IGNORECASE)
+_PATH_POD = re.compile(r"^(?P<job>.+)-(?P<role>worker|master|launcher|chief|ps|evaluator)-(?P<idx>[0-9]+|[a-z0-9]{5})$")
+_PATH_BARE_WORKER = re.compile(r"^worker[-_]?(\d+)$", re.IGNORECASE)
+_PATH_HOST_DIR = re.compile(r"^(?:node|host|nid|gpu-node|compute)[-_]?\d+$", re.IGNORECASE)
+_PATH_SLURM = re.compile(r"^slurm-(\d+(?:_\d+)?)\.(?:out|err|log)$")
+_PATH_ATTEMPT = re.compile(r"^attempt_(\d+)$")
+_LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".gz")
+
+
+def _stem(name: str) -> str:
+    lowered = name.lower()
+    for _ in range(2):  # "worker-2.log.gz"
+        for suffix in _LOG_SUFFIXES:
+            if lowered.endswith(suffix):
+                name = name[: -len(suffix)]
+                lowered = lowered[: -len(suffix)]
+                break
+    return name
+
+
+def identity_from_path(path: str) -> dict[str, str | int]:
+    """Hints about a log file's writer from its path.
+
+    Keys (only those found): `rank`, `local_rank`, `host`, `job_id`, `pod_index`, `attempt`.
+    `rank3.log`/`rank_03`/`logs/rank3/stdout.log` -> rank; `JOB-worker-2.log` -> job_id=JOB,
+    pod_index=2 (a pod's index is not its global rank); `node01/...` or `node01.log` -> host;
+    `slurm-12345.out` -> job_id; torchelastic's `attempt_1/3/stdout.log` -> attempt, local_rank.
+    """
+    hints: dict[str, str | int] = {}
+    parts = [p for p in PurePath(path).parts if p not in ("/", "")]
+    if not parts:
+        return hints
+    base = parts[-1]
+    stem = _stem(base)
+
+    for i, part in enumerate(parts):
+        is_base = i == len(parts) - 1
+        name = stem if is_base else part
+        if (m := _PATH_ATTEMPT.match(name)) is not None:
+            hints["attempt"] = int(m[1])
+            # torchelastic --log-dir: <run>/attempt_<n>/<local_rank>/{stdout,stderr}.log
+            if i + 1 < len(parts) - 1 and parts[i + 1].isdigit():
+                hints["local_rank"] = int(parts[i + 1])
+            continue
+        if (m := _PATH_LOCAL_RANK.search(name)) is not None:
+            hints["local_rank"] = int(m[1])
+        elif (m := _PATH_RANK.search(name)) is not None:
+            hints["rank"] = int(m[1])
+        if (m := _PATH_SLURM.match(part)) is not None:
+            hints["job_id"] = m[1]
+            continue
+        if (m := _PATH_POD.match(name)) is not None:
+            hints["job_id"] = m["job"]
+            if m["idx"].isdigit():
+                hints["pod_index"] = int(m["idx"])
+            hints["host"] = name
+            continue
+        if (m := _PATH_BARE_WORKER.match(name)) is not None:
+            hints["pod_index"] = int(m[1])
+            continue
+        if _PATH_HOST_DIR.match(name) is not None:
+            hints["host"] = name
+    return hints

@@ -1,0 +1,117 @@
+"""Constructed multi-rank jobs, built as LogEvents and run through the real rule library."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from correlator.engine import Engine, JobState
+from correlator.matcher import Matcher
+from correlator.rules import RuleSet, load_ruleset
+from correlator.signals import SignalExtractor
+from ingest.event import LogEvent
+
+T0 = datetime(2026, 3, 14, 9, 26, 53, tzinfo=timezone.utc)
+
+
+@pytest.fixture(scope="session")
+def ruleset() -> RuleSet:
+    return load_ruleset()
+
+
+@pytest.fixture(scope="session")
+def extractor(ruleset: RuleSet) -> SignalExtractor:
+    return SignalExtractor(ruleset, Matcher(ruleset))
+
+
+@pytest.fixture(scope="session")
+def engine(ruleset: RuleSet) -> Engine:
+    return Engine(ruleset)
+
+
+class JobBuilder:
+    """Lines of a 64-rank job on 8 hosts with per-host clock skew; events come out shuffled."""
+
+    def __init__(self, world: int = 64, hosts: int = 8, skew_s: float = 3.0, seed: int = 7) -> None:
+        self.rng = random.Random(seed)
+        self.world = world
+        self.per_host = world // hosts
+        self.hosts = [f"gpu-node-{h:02d}" for h in range(hosts)]
+        self.skew = {h: self.rng.uniform(-skew_s, skew_s) for h in self.hosts}
+        self.events: list[LogEvent] = []
+
+    def host_of(self, rank: int) -> str:
+        return self.hosts[rank // self.per_host]
+
+    def emit(self, rank: int | None, at_s: float, line: str, host: str | None = None) -> None:
+        host = host or (self.host_of(rank) if rank is not None else None)
+        assert host is not None
+        true_time = T0 + timedelta(seconds=at_s)
+        seen_time = true_time + timedelta(seconds=self.skew[host])
+        self.events.append(
+            LogEvent(
+                job_id="job-64",
+                host=host,
+                rank=rank,
+                local_rank=None if rank is None else rank % self.per_host,
+                pid=None if rank is None else 40000 + rank,
+                ts=seen_time,
+                source="plain",
+                file=f"{host}.log",
+                offset=len(self.events),
+                line=line,
+            )
+        )
+
+    def init_lines(self) -> None:
+        for r in range(self.world):
+            self.emit(
+                r, self.rng.uniform(0, 1),
+                f"NCCL INFO ncclCommInitRank comm 0x55d0c8a1{r:04x} rank {r} nranks {self.world} cudaDev "
+                f"{r % self.per_host} nvmlDev {r % self.per_host} busId 41000 commId 0x9f3c - Init COMPLETE",
+            )
+
+    def watchdog(self, rank: int, at_s: float, seq: int, completed: int) -> None:
+        self.emit(
+            rank, at_s,
+            f"[E ProcessGroupNCCL.cpp:616] [Rank {rank}] Watchdog caught collective operation timeout: "
+            f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) "
+            "ran for 600018 milliseconds before timing out.",
+        )
+        self.emit(
+            rank, at_s + 0.01,
+            f"[E ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank {rank}] Exception (either an error "
+            f"or timeout) detected by watchdog at work: {seq}, last enqueued NCCL work: {seq + 2}, last completed "
+            f"NCCL work: {completed}.",
+        )
+
+    def teardown(self, at_s: float) -> None:
+        for host in self.hosts:
+            for r in range(self.per_host):
+                pid = 40000 + self.hosts.index(host) * self.per_host + r
+                self.emit(
+                    None, at_s + self.rng.uniform(0, 0.5),
+                    f"W0314 09:37:{10 + r:02d}.000000 1234 torch/distributed/elastic/multiprocessing/api.py:897] "
+                    f"Sending process {pid} closing signal SIGTERM",
+                    host=host,
+                )
+
+    def shuffled(self) -> Iterator[LogEvent]:
+        events = list(self.events)
+        self.rng.shuffle(events)
+        return iter(events)
+
+
+def run(engine: Engine, extractor: SignalExtractor, events: list[LogEvent]) -> list:  # type: ignore[type-arg]
+    state = JobState(job_id="job-64")
+    for batch_start in range(0, len(events), 97):
+        state.add_all(extractor.from_events(events[batch_start : batch_start + 97], order_base=batch_start))
+    return engine.diagnose(state)
+
+
+@pytest.fixture
+def job() -> JobBuilder:
+    return JobBuilder()
