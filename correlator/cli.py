@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from correlator.rules import RuleError, load_ruleset
 
@@ -103,6 +104,347 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from correlator.simulate import SimulateError, simulate
+
+    if args.list_classes:
+        for slug in load_ruleset().classes:
+            print(slug)
+        return 0
+    from datetime import datetime, timezone
+
+    demo = args.demo
+    cls = args.cls or "gpu_hardware_error"
+    start = None
+    if args.start:
+        try:
+            start = datetime.fromisoformat(args.start.replace("Z", "+00:00"))
+        except ValueError:
+            print(f"rootrank simulate: --start {args.start!r} is not an ISO 8601 time", file=sys.stderr)
+            return 2
+        if start.tzinfo is None:
+            start = start.replace(tzinfo=timezone.utc)
+    rank = args.initiator_rank
+    if demo and rank is None:
+        rank = 37 if args.world_size > 37 else None
+    try:
+        truth = simulate(
+            cls, world_size=args.world_size, hosts=args.hosts, seed=args.seed, skew_max_s=args.skew_max_s,
+            fmt=args.format, noise_lines=args.noise_lines, late_lines=args.late_lines, out=Path(args.out),
+            initiator_rank=rank, demo=demo, start=start,
+        )
+    except (SimulateError, RuleError) as exc:
+        print(f"rootrank simulate: {exc}", file=sys.stderr)
+        return 2
+    who = "every rank" if truth.initiator.all else f"rank {truth.initiator.rank} on {truth.initiator.host}"
+    print(f"{truth.class_}: {who} initiates; {truth.world_size} ranks on {len(truth.hosts)} hosts; "
+          f"wrote {len(truth.files)} log file(s) and truth.json to {args.out}; "
+          f"diagnose with: rootrank diagnose {Path(args.out) / 'logs'}")
+    return 0
+
+
+def _search_settings(args: argparse.Namespace) -> Any:
+    from correlator.config import load_settings
+
+    settings = load_settings(getattr(args, "config", None))
+    if getattr(args, "es_url", None):
+        settings.elasticsearch.url = args.es_url
+    return settings
+
+
+def _cmd_incidents(args: argparse.Namespace) -> int:
+    import orjson
+    from elastic_transport import TransportError
+    from elasticsearch import ApiError
+
+    from correlator.search import IncidentFilter, format_incident_rows, parse_since, search_incidents
+    from correlator.sinks.elasticsearch import incidents_names, make_client
+
+    settings = _search_settings(args)
+    try:
+        since = parse_since(args.since) if args.since else None
+    except ValueError as exc:
+        print(f"rootrank incidents: {exc}", file=sys.stderr)
+        return 2
+    query = " ".join(args.query) if args.query else None
+    flt = IncidentFilter(job=args.job, class_=args.cls, host=args.host, since=since, text=query, size=args.limit)
+    client = make_client(settings.elasticsearch)
+    try:
+        hits = search_incidents(client, incidents_names(settings.elasticsearch.index_prefix).alias, flt)
+    except (ApiError, TransportError) as exc:
+        print(f"rootrank incidents: {settings.elasticsearch.url}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        for h in hits:
+            sys.stdout.buffer.write(orjson.dumps(h.incident.to_json_dict()) + b"\n")
+    elif hits:
+        print(format_incident_rows(hits))
+    else:
+        print("no incident matches", file=sys.stderr)
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    import orjson
+    from elastic_transport import TransportError
+    from elasticsearch import ApiError
+    from rich.console import Console
+
+    from correlator.search import AmbiguousId, get_incident, print_incident_detail
+    from correlator.sinks.elasticsearch import incidents_names, make_client
+
+    settings = _search_settings(args)
+    client = make_client(settings.elasticsearch)
+    try:
+        hit = get_incident(client, incidents_names(settings.elasticsearch.index_prefix).alias, args.id)
+    except AmbiguousId as exc:
+        print(f"rootrank show: {exc}", file=sys.stderr)
+        return 2
+    except (ApiError, TransportError) as exc:
+        print(f"rootrank show: {settings.elasticsearch.url}: {exc}", file=sys.stderr)
+        return 1
+    if hit is None:
+        print(f"rootrank show: no incident {args.id!r}", file=sys.stderr)
+        return 1
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(hit.incident.to_json_dict(), option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        print_incident_detail(hit, Console())
+    return 0
+
+
+def _cmd_setup(args: argparse.Namespace) -> int:
+    """Topics, index templates + write aliases, Kibana saved objects. Each step is idempotent."""
+    settings = _search_settings(args)
+    failed = False
+    if not args.skip_topics:
+        from kafka.errors import KafkaError
+
+        from correlator.setup_topics import ensure_topics, format_outcomes
+
+        try:
+            print(format_outcomes(ensure_topics(settings)))
+        except (KafkaError, OSError) as exc:  # report and go on: the other steps do not need the broker
+            print(f"rootrank setup: topics: {type(exc).__name__}: {exc}", file=sys.stderr)
+            failed = True
+    if not args.skip_templates:
+        from elastic_transport import TransportError
+        from elasticsearch import ApiError
+
+        from correlator.sinks.elasticsearch import install_templates
+
+        try:
+            for line in install_templates(settings):
+                print(line)
+        except (ApiError, TransportError) as exc:
+            print(f"rootrank setup: elasticsearch {settings.elasticsearch.url}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            failed = True
+    kibana = args.kibana or settings.elasticsearch.kibana_url
+    if kibana:
+        from correlator.sinks.kibana import (
+            KibanaImportError,
+            default_objects_dir,
+            import_saved_objects,
+            load_objects,
+        )
+
+        es = settings.elasticsearch
+        try:
+            objects = load_objects(Path(args.kibana_objects) if args.kibana_objects else default_objects_dir(),
+                                   es.index_prefix)
+            result = import_saved_objects(kibana, objects, space=args.kibana_space, username=es.username,
+                                          password=es.password, api_key=es.api_key)
+        except KibanaImportError as exc:
+            print(f"rootrank setup: kibana: {exc}", file=sys.stderr)
+            return 1
+        print(result.summary())
+        failed = failed or not result.success
+    return 1 if failed else 0
+
+
+# --- streaming pipeline: setup, worker, ship, up ------------------------------------------------
+
+
+def _settings_from(args: argparse.Namespace) -> Settings:
+    """Config file, then ROOTRANK_* environment, then the command-line flags that were given."""
+    from correlator.config import load_settings
+
+    settings = load_settings(getattr(args, "config", None))
+    bootstrap = getattr(args, "bootstrap", None)
+    if bootstrap:
+        settings.kafka.bootstrap_servers = bootstrap
+    partitions = getattr(args, "partitions", None)
+    if partitions:
+        settings.topics.partitions = partitions
+    return settings
+
+
+def _settings_epilog() -> str:
+    """Every setting with its default and environment variable (nested with __), for --help."""
+    from pydantic import BaseModel
+
+    from correlator.config import Settings
+
+    rows: list[str] = []
+
+    def walk(model: type[BaseModel], prefix: str, env: str) -> None:
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation, f"{prefix}{name}.", f"{env}{name.upper()}__")
+                continue
+            default = field.get_default(call_default_factory=True)
+            note = f"  {field.description}" if field.description else ""
+            rows.append(f"  {prefix}{name} = {default!r}  [{env}{name.upper()}]{note}")
+
+    walk(Settings, "", "ROOTRANK_")
+    return "settings (YAML file via --config or ROOTRANK_CONFIG, or environment):\n" + "\n".join(rows)
+
+
+def _add_connection_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=argparse.SUPPRESS,
+                        help="YAML settings file (default: $ROOTRANK_CONFIG, else built-in defaults)")
+    parser.add_argument("--bootstrap", default=argparse.SUPPRESS,
+                        help="Kafka bootstrap servers host:port[,...] (default: kafka.bootstrap_servers)")
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import logging
+
+    from correlator.app import parse_roles
+    from correlator.worker import run_worker
+
+    settings = _settings_from(args)
+    try:
+        parse_roles(args.role)
+    except ValueError as exc:
+        print(f"rootrank worker: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.skip_setup:
+        from kafka.errors import KafkaError
+
+        from correlator.setup_topics import ensure_topics
+
+        try:
+            ensure_topics(settings)
+        except KafkaError as exc:  # the worker can still run on topics an operator created
+            print(f"rootrank worker: topic setup skipped ({exc})", file=sys.stderr)
+    return run_worker(settings, args.role, loglevel=args.loglevel, web_port=args.web_port)
+
+
+def _cmd_ship(args: argparse.Namespace) -> int:
+    from ingest.ship import ShipOptions, run_ship
+
+    settings = _settings_from(args)
+    from correlator.setup_topics import kafka_python_config
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    labels: dict[str, str] = {}
+    for item in args.label or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"rootrank ship: --label wants KEY=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        labels[key] = value
+    options = ShipOptions(
+        kafka=kafka_python_config(settings.kafka),
+        topic=args.topic or settings.topics.logs,
+        job_id=args.job,
+        host=args.host,
+        rank=args.rank,
+        local_rank=args.local_rank,
+        labels=labels,
+        batch_max_bytes=args.batch_kib * 1024,
+        linger_s=args.linger_ms / 1000.0,
+        compression=args.compression,
+        state_dir=Path(args.state_dir),
+        spool_max_bytes=args.spool_max_mib * 1024 * 1024,
+        drain_timeout_s=args.drain_timeout,
+        follow=args.follow,
+        tee=args.tee,
+    )
+    return run_ship(options, files=args.file or [], command=command)
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from correlator.embedded import run_up
+
+    return run_up(_settings_from(args), kafka_port=args.kafka_port, data_dir=args.data_dir, broker=args.broker,
+                  roles=args.role, web_port=args.web_port, loglevel=args.loglevel)
+
+
+def _add_streaming_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    class _Formatter(argparse.ArgumentDefaultsHelpFormatter, fmt):
+        pass
+
+    # `rootrank setup` (topics, templates, Kibana objects) is defined with the search commands;
+    # it creates the topics with correlator.setup_topics.ensure_topics.
+    worker = sub.add_parser(
+        "worker", help="run the stream processor (match raw logs, correlate jobs, emit incidents)",
+        description="Roles: match (logs -> signals), correlate (signals -> incidents), or all. Each role is its "
+        "own consumer group; run more workers of a role to split its partitions.",
+        formatter_class=_Formatter, epilog=_settings_epilog(),
+    )
+    _add_connection_args(worker)
+    worker.add_argument("--role", default="all", help="all, match, correlate, or a comma-separated list")
+    worker.add_argument("--web-port", type=int, default=None,
+                        help="serve /rootrank/metrics and /rootrank/health on 127.0.0.1:PORT (default: off)")
+    worker.add_argument("--loglevel", default="warning", choices=["debug", "info", "warning", "error"])
+    worker.add_argument("--skip-setup", action="store_true", help="do not create missing topics at start")
+    worker.set_defaults(func=_cmd_worker)
+
+    ship = sub.add_parser(
+        "ship", help="send log lines to Kafka: follow files, read stdin, or wrap a command",
+        description="rootrank ship --job J --file rank0.log --follow\n"
+        "some_command | rootrank ship --job J\n"
+        "rootrank ship --job J --rank 3 -- torchrun --nproc-per-node 8 train.py\n\n"
+        "A wrapped command's stdout/stderr pass through unchanged and it is never slowed: lines are "
+        "batched in the background, and spooled to disk while Kafka is slow or down.",
+        formatter_class=_Formatter, epilog=_settings_epilog(),
+    )
+    _add_connection_args(ship)
+    ship.add_argument("--job", help="job id (default: derived by the worker from labels, paths or the host)")
+    ship.add_argument("--host", default=None, help="host name to tag lines with (default: this machine's)")
+    ship.add_argument("--rank", type=int, default=None, help="global rank, when one process writes the stream")
+    ship.add_argument("--local-rank", type=int, default=None)
+    ship.add_argument("--label", action="append", metavar="KEY=VALUE", help="label added to every batch (repeatable)")
+    ship.add_argument("--file", "-f", action="append", metavar="PATH", help="a log file to ship (repeatable)")
+    ship.add_argument("--follow", action="store_true",
+                      help="keep following the files (rotation-aware) until interrupted")
+    ship.add_argument("--tee", action="store_true", help="with stdin: also copy the input to stdout")
+    ship.add_argument("--topic", default=None, help="topic to send to (default: topics.logs)")
+    ship.add_argument("--batch-kib", type=int, default=256, help="max size of one message")
+    ship.add_argument("--linger-ms", type=int, default=500, help="max time a line waits for its batch")
+    ship.add_argument("--compression", default="auto", choices=["auto", "gzip", "lz4", "snappy", "zstd", "none"],
+                      help="message compression (auto: lz4 when installed, else gzip)")
+    ship.add_argument("--state-dir", default=".rootrank-ship", help="positions of followed files and the spool")
+    ship.add_argument("--spool-max-mib", type=int, default=1024, help="disk spool bound while Kafka is down")
+    ship.add_argument("--drain-timeout", type=float, default=30.0,
+                      help="seconds to keep sending after the input ends (the rest stays spooled)")
+    ship.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...: wrap this command")
+    ship.set_defaults(func=_cmd_ship)
+
+    up = sub.add_parser(
+        "up", help="run the local stack in the foreground: an embedded Kafka broker and the worker",
+        formatter_class=_Formatter, epilog=_settings_epilog(),
+    )
+    up.add_argument("--config", default=argparse.SUPPRESS, help="YAML settings file")
+    up.add_argument("--broker", choices=["noida", "tansu"], default="noida",
+                    help="embedded broker: noida-db (keeps data in --data-dir) or Tansu (in memory)")
+    up.add_argument("--kafka-port", type=int, default=9092)
+    up.add_argument("--data-dir", default=".rootrank-data", help="where the embedded services keep data")
+    up.add_argument("--role", default="all", help="worker roles to run")
+    up.add_argument("--web-port", type=int, default=6066, help="worker metrics/health port (0: off)")
+    up.add_argument("--loglevel", default="warning", choices=["debug", "info", "warning", "error"])
+    up.set_defaults(func=_cmd_up)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rootrank",
@@ -126,6 +468,64 @@ def build_parser() -> argparse.ArgumentParser:
         help="progress bar on stderr (auto: on a terminal, for inputs over 32 MiB)",
     )
     diagnose.set_defaults(func=_cmd_diagnose)
+    simulate = sub.add_parser(
+        "simulate",
+        help="write the logs of a simulated failing multi-rank job, with the truth beside them",
+        description="One log file per host (plain), or one file of forwarder messages, plus truth.json. "
+        "--demo: 64 ranks on 8 hosts, the GPU of rank 37 falls off the bus (Xid 79).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    simulate.add_argument("--class", dest="cls", metavar="SLUG", help="failure class (default: gpu_hardware_error)")
+    simulate.add_argument("--demo", action="store_true", help="the bundled demo scenario's wording; rank 37 initiates")
+    simulate.add_argument("--world-size", type=int, default=64)
+    simulate.add_argument("--hosts", type=int, default=8)
+    simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument("--skew-max-s", type=float, default=3.0, help="per-host clock skew drawn from +-this")
+    simulate.add_argument("--format", choices=["plain", "fluentbit", "vector", "filebeat", "rsyslog"], default="plain")
+    simulate.add_argument("--noise-lines", type=int, default=24, help="training-chatter lines per rank before the failure")
+    simulate.add_argument("--late-lines", type=int, default=0, help="timestamped lines that arrive 5-60 s late")
+    simulate.add_argument("--initiator-rank", type=int, help="the failing rank (default: drawn from the seed)")
+    simulate.add_argument("--out", default="simulated", help="folder to write (logs/ and truth.json)")
+    simulate.add_argument("--start", help="job start time, ISO 8601 (default: 18:30 UTC yesterday)")
+    simulate.add_argument("--list-classes", action="store_true", help="print the class slugs and exit")
+    simulate.set_defaults(func=_cmd_simulate)
+    incidents = sub.add_parser(
+        "incidents", help="list incidents from Elasticsearch, newest first",
+        description="Filters combine (AND). QUERY is free text over title, lines, fix, ids "
+        "(simple_query_string syntax: words, \"phrases\", -exclude, prefix*).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    incidents.add_argument("query", nargs="*", metavar="QUERY")
+    incidents.add_argument("--job", help="job id")
+    incidents.add_argument("--class", dest="cls", metavar="SLUG", help="failure class")
+    incidents.add_argument("--host", help="initiating host, or a host with collateral failures")
+    incidents.add_argument("--since", help="30m, 6h, 7d, 2w, or an ISO date/time")
+    incidents.add_argument("--limit", type=int, default=50)
+    incidents.add_argument("--json", action="store_true", help="one incident JSON per line")
+    incidents.add_argument("--es-url", help="Elasticsearch URL (default: config / ROOTRANK_ELASTICSEARCH__URL)")
+    incidents.add_argument("--config", help="YAML config file (default: ROOTRANK_CONFIG)")
+    incidents.set_defaults(func=_cmd_incidents)
+    show = sub.add_parser("show", help="print one incident with its evidence, fix and verification",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    show.add_argument("id", metavar="ID", help="incident id (a unique prefix is enough)")
+    show.add_argument("--json", action="store_true", help="the incident JSON")
+    show.add_argument("--es-url", help="Elasticsearch URL (default: config / ROOTRANK_ELASTICSEARCH__URL)")
+    show.add_argument("--config", help="YAML config file (default: ROOTRANK_CONFIG)")
+    show.set_defaults(func=_cmd_show)
+    if "setup" not in sub.choices:
+        setup = sub.add_parser(
+            "setup", help="create the Kafka topics, Elasticsearch templates and aliases, Kibana objects",
+            description="Idempotent: safe to run on every deploy.",
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+        setup.add_argument("--kibana", metavar="URL", help="also import the Kibana saved objects here")
+        setup.add_argument("--kibana-objects", metavar="DIR", help="folder of *.ndjson (default: deploy/kibana)")
+        setup.add_argument("--kibana-space", metavar="SPACE", help="Kibana space (default: the default space)")
+        setup.add_argument("--skip-topics", action="store_true", help="do not touch Kafka")
+        setup.add_argument("--skip-templates", action="store_true", help="do not touch Elasticsearch")
+        setup.add_argument("--es-url", help="Elasticsearch URL (default: config / ROOTRANK_ELASTICSEARCH__URL)")
+        setup.add_argument("--config", help="YAML config file (default: ROOTRANK_CONFIG)")
+        setup.set_defaults(func=_cmd_setup)
     rules = sub.add_parser("rules", help="validate and test the signature library")
     rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION")
     validate = rules_sub.add_parser("validate", help="check every rule file; problems print as file:line: what")
@@ -135,6 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("dir", nargs="?", help="rules folder (default: the installed library)")
     test.add_argument("--data", help="also count hits per rule over this log file")
     test.set_defaults(func=_cmd_rules_test)
+    _add_streaming_parsers(sub)
     return parser
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from correlator.webhooks.policy import RetryPolicy
 
 
 class KafkaSettings(BaseModel):
@@ -61,6 +63,9 @@ class EngineSettings(BaseModel):
     max_value_bytes: int = Field(
         default=4 * 1024 * 1024, description="raw messages larger than this go to the dead-letter topic"
     )
+    invalid_utf8: Literal["deadletter", "replace"] = Field(
+        default="deadletter", description="a raw value that is not valid UTF-8: dead-letter it, or decode with U+FFFD"
+    )
     tick_interval_s: float = Field(default=1.0, description="how often the correlator looks for quiet windows")
 
 
@@ -72,14 +77,41 @@ class ElasticsearchSettings(BaseModel):
     ca_certs: str | None = None
     verify_certs: bool = True
     index_prefix: str = "rootrank"
+    request_timeout_s: float = Field(default=30.0, description="per-request timeout of the sink and the CLI")
+    bulk_max_docs: int = Field(default=500, description="records the sink reads from Kafka and writes per bulk")
+    index_signals: bool = Field(default=True, description="also index matched lines (signals) for drill-down")
+    manage_rollover: bool = Field(
+        default=True, description="the sink rolls the write aliases over itself (turn off when ILM does it)"
+    )
+    rollover_check_s: float = Field(default=300.0, description="how often the sink checks the rollover conditions")
+    rollover_max_age: str | None = "30d"
+    rollover_max_primary_shard_size: str | None = "50gb"
+    rollover_max_docs: int | None = None
+    kibana_url: str | None = Field(default=None, description="`rootrank setup` imports the saved objects here")
 
 
 class WebhookSettings(BaseModel):
-    routes: list[dict[str, Any]] = Field(default_factory=list)
-    receivers: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    api_token: str | None = None
-    allow_label_webhooks: bool = False
-    kibana_base_url: str | None = None
+    routes: list[dict[str, Any]] = Field(
+        default_factory=list, description="ordered routes (match + receivers), see correlator/webhooks/routes.py"
+    )
+    receivers: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="name -> {kind: generic_json|slack|pagerduty|alertmanager, ...kind's config}"
+    )
+    api_token: SecretStr | None = Field(
+        default=None, description="bearer token for writes to /jobs/{job_id}/webhooks; unset = writes refused"
+    )
+    allow_label_webhooks: bool = Field(
+        default=False, description="let a job name its webhook in a log label (anyone who writes logs could redirect)"
+    )
+    kibana_base_url: str | None = Field(
+        default=None, description="incident links: base URL, or a URL with an {incident_id} placeholder"
+    )
+    delivery: RetryPolicy = Field(default_factory=RetryPolicy, description="retries before dead-lettering")
+    max_replay_age_s: float | None = Field(
+        default=86_400.0,
+        description="incident messages older than this (broker timestamp) notify nobody: a new consumer group "
+        "reading the compacted incidents topic from the start must not page for last month's incidents",
+    )
 
 
 class Settings(BaseSettings):

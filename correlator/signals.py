@@ -34,7 +34,10 @@ def best_hits_per_line(hits: Sequence[tuple[int, Hit]], rules: Sequence[Rule]) -
     out: list[tuple[int, Hit]] = []
     for index, hit in hits:
         rule = rules[hit.rule_index]
-        if hit.role != "main" or rule.kind != "signature":
+        # A sequence/absence hit only counts if the engine later finds its precondition; if it
+        # competed here it could evict the plain signature of the same line and then be dropped,
+        # leaving the line with no signal at all. So it rides along instead of competing.
+        if hit.role != "main" or rule.kind != "signature" or rule.sequence is not None or rule.absence is not None:
             out.append((index, hit))
             continue
         current = best.get(index)

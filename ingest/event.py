@@ -31,6 +31,7 @@ class LogEvent(BaseModel):
     file: str | None = None
     offset: int | None = Field(default=None, description="position of the line in its source (line number or byte offset)")
     line: str
+    raw_line: str | None = Field(default=None, description="the line as received, when prefixes were removed")
     truncated: bool = False
     attempt: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)

@@ -139,11 +139,15 @@ _SYSLOG = re.compile(
     _MON + r" ([ \d]?\d) (\d\d):(\d\d):(\d\d)" + _FRAC + r" ([\w.-]+) [\w./@-]+?(?:\[(\d+)\])?: ?"
 )
 _KERNEL = re.compile(r"kernel: ?")
+# `grep PATTERN *.log` output: "node-3.log:" in front of the line (only at the very start). The
+# file name is not taken as identity (it is whatever the user named the file); it is removed so
+# the prefixes behind it are seen.
+_GREP_FILE = re.compile(r"[\w.-]+\.(?:log|out|err|txt):(?=\S)")
 # docker compose: "service-name  | " (only at the very start)
 _COMPOSE = re.compile(r"([A-Za-z0-9][\w.-]*) +\| ")
 # cheap gate for lines that start with a letter: does any letter-led prefix fit at all?
 _LETTER_GATE = re.compile(
-    r"[\w.-]+:\d+:\d+ \[|[A-Za-z0-9][\w.-]* +\| |[IWEF]\d{4} |"
+    r"[\w.-]+:\d+:\d+ \[|[A-Za-z0-9][\w.-]* +\| |[\w.-]+\.(?:log|out|err|txt):|[IWEF]\d{4} |"
     + _MON
     + r" [ \d]?\d \d|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-|kernel:"
 )
@@ -292,6 +296,8 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
                 gpu = gpu or m[4]
             elif pos == 0 and (m := _SRUN.match(line, pos)) is not None:
                 rank = int(m[1])
+            elif pos == 0 and (m := _GREP_FILE.match(line, pos)) is not None:
+                pass
         elif c == " ":
             if pos == 0 and (m := _SRUN.match(line, pos)) is not None:
                 rank = int(m[1])
@@ -315,6 +321,8 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
                 pass
             elif pos == 0 and (m := _COMPOSE.match(line, pos)) is not None:
                 host = m[1]
+            elif pos == 0 and (m := _GREP_FILE.match(line, pos)) is not None:
+                pass
         if m is None or m.end() == pos:
             break
         pos = m.end()

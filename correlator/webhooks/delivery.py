@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import aiohttp
+
 from correlator.webhooks.policy import RetryPolicy
 from correlator.webhooks.receivers.base import OutboundRequest
 from correlator.webhooks.receivers.generic_json import signature_headers

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from correlator.models import Incident
 from correlator.webhooks.delivery import Deliverer, DeliveryResult
@@ -23,6 +23,9 @@ from correlator.webhooks.receivers import Receiver, build_receiver
 from correlator.webhooks.receivers.base import short_hash
 from correlator.webhooks.registry import Registry
 from correlator.webhooks.routes import RouteTable
+
+if TYPE_CHECKING:
+    from correlator.config import WebhookSettings
 
 log = logging.getLogger("rootrank.webhooks")
 
@@ -60,6 +63,27 @@ class WebhookDispatcher:
         self.kibana_base_url = kibana_base_url
         self.allow_label_webhooks = allow_label_webhooks
         self.dead_lettered: list[dict[str, Any]] = []
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: WebhookSettings,
+        *,
+        registry: Registry | None = None,
+        progress: MutableMapping[str, Any] | None = None,
+        dead_letter: DeadLetterFn | None = None,
+        deliverer: Deliverer | None = None,
+    ) -> WebhookDispatcher:
+        """Routes and receivers validated up front: a bad config stops the worker at start, with `where: what`."""
+        return cls(
+            routes=RouteTable.from_config(settings.routes, settings.receivers),
+            registry=registry,
+            deliverer=deliverer or Deliverer(settings.delivery),
+            dead_letter=dead_letter,
+            progress=progress,
+            kibana_base_url=settings.kibana_base_url,
+            allow_label_webhooks=settings.allow_label_webhooks,
+        )
 
     def destinations(self, incident: Incident) -> list[Destination]:
         found: dict[str, Destination] = {}

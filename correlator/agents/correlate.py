@@ -1,0 +1,285 @@
+"""The `correlate` agent: signals in, incidents out, one job's state per table key.
+
+Each job's `JobState` lives in a faust Table (changelog-backed, so a restarted or rebalanced worker
+recovers it). A timer looks for jobs whose window went quiet and sends a *close* control message
+through the signals topic, keyed by the job: the close is then handled by whichever worker owns the
+job's partition at that moment, in order with the job's signals, and its table write is committed
+with the offsets like any other. Closing diagnoses the job with the same engine `rootrank diagnose`
+uses and emits new or revised incidents (same id; revision + 1 when class, initiator or collateral
+change). What was emitted is remembered in the state, so a restart or a replay does not emit twice.
+
+Replays: after a crash, signals since the last committed offset are read again (and the match
+agent may send duplicates of signals it had already sent). A bounded ring of signal digests per job
+drops those duplicates, so counts in the incident stay what they were.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from prometheus_client import Counter
+
+from correlator.engine import Engine, JobState
+from correlator.models import Incident, Signal
+
+log = logging.getLogger(__name__)
+
+SEEN_DIGESTS_PER_JOB = 4096
+CONTROL_CLOSE = "close"
+
+SIGNALS_APPLIED = Counter("rootrank_signals_applied_total", "signals added to job state, by outcome", ["outcome"])
+INCIDENTS_EMITTED = Counter("rootrank_incidents_emitted_total", "incidents sent, by kind", ["kind"])
+
+
+def signal_digest(raw: bytes) -> str:
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+
+def incident_fingerprint(incident: Incident) -> str:
+    """What makes a new revision: the class, the initiator and the collateral."""
+    data = incident.to_json_dict()
+    basis = {"class": data["class"], "initiator": data["initiator"], "collateral": data["collateral"]}
+    return hashlib.sha256(orjson.dumps(basis, option=orjson.OPT_SORT_KEYS)).hexdigest()[:24]
+
+
+def incident_to_bytes(incident: Incident) -> bytes:
+    return orjson.dumps(incident.to_json_dict())
+
+
+def close_message(job_id: str, now: float) -> bytes:
+    return orjson.dumps({"control": CONTROL_CLOSE, "job_id": job_id, "at": now})
+
+
+@dataclass
+class JobEntry:
+    """The table value for one job (stored as a JSON dict)."""
+
+    state: JobState
+    seen: list[str] = field(default_factory=list)
+    open: bool = False
+    partition: int | None = None
+
+    @classmethod
+    def from_dict(cls, job_id: str, data: dict[str, Any] | None) -> JobEntry:
+        if not data:
+            return cls(state=JobState(job_id=job_id))
+        return cls(
+            state=JobState.model_validate(data["state"]),
+            seen=list(data.get("seen") or []),
+            open=bool(data.get("open")),
+            partition=data.get("partition"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state.model_dump(mode="json", by_alias=True),
+            "seen": self.seen[-SEEN_DIGESTS_PER_JOB:],
+            "open": self.open,
+            "last_update": self.state.last_update,
+            "partition": self.partition,
+        }
+
+
+@dataclass
+class Decoded:
+    """A message from the signals topic: a signal, a close request, or junk."""
+
+    job_id: str
+    signal: Signal | None = None
+    digest: str | None = None
+    close: bool = False
+
+
+def decode_signal_message(key: bytes | str | None, value: bytes | str | None) -> Decoded | None:
+    if value is None:
+        return None
+    raw = value.encode("utf-8") if isinstance(value, str) else value
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        log.warning("skipping a signals message that is not JSON (%d bytes)", len(raw))
+        return None
+    if not isinstance(data, dict):
+        return None
+    if data.get("control") == CONTROL_CLOSE:
+        return Decoded(job_id=str(data.get("job_id")), close=True)
+    try:
+        signal = Signal.model_validate(data)
+    except ValueError as exc:
+        log.warning("skipping a signals message that is not a Signal: %s", exc)
+        return None
+    return Decoded(job_id=signal.job_id, signal=signal, digest=signal_digest(raw))
+
+
+class JobCorrelator:
+    """The agent's work without faust: apply signals to a job entry, close quiet windows."""
+
+    def __init__(self, engine: Engine, *, quiet_window_s: float) -> None:
+        self.engine = engine
+        self.quiet_window_s = quiet_window_s
+
+    def apply(self, entry: JobEntry, items: Iterable[Decoded], now: float, partition: int | None) -> int:
+        """Add signals to the job; returns how many were new (not replays)."""
+        added = 0
+        seen = set(entry.seen)
+        for item in items:
+            if item.signal is None or item.digest is None:
+                continue
+            if item.digest in seen:
+                SIGNALS_APPLIED.labels("duplicate").inc()
+                continue
+            seen.add(item.digest)
+            entry.seen.append(item.digest)
+            entry.state.add(item.signal, now)
+            added += 1
+        SIGNALS_APPLIED.labels("added").inc(added)
+        if added:
+            entry.state.last_update = now
+            entry.open = True
+            if partition is not None:
+                entry.partition = partition
+        if len(entry.seen) > SEEN_DIGESTS_PER_JOB:
+            del entry.seen[: len(entry.seen) - SEEN_DIGESTS_PER_JOB]
+        return added
+
+    def is_quiet(self, entry: JobEntry, now: float) -> bool:
+        last = entry.state.last_update
+        return entry.open and (last is None or now - last >= self.quiet_window_s)
+
+    def engine_now(self, state: JobState, now: float) -> float | None:
+        """The engine's clock: the job's latest event time, advanced by how long the job has been quiet.
+
+        Live, this is about the wall clock; for a replay of old logs it stays in the logs' own time
+        (like `rootrank diagnose`), so absence rules do not fire just because the logs are old.
+        """
+        times = [s.ts or s.received_ts for s in state.signals]
+        latest = max((t.timestamp() for t in times if t is not None), default=None)
+        if latest is None:
+            return None
+        idle = max(0.0, now - state.last_update) if state.last_update is not None else 0.0
+        return latest + idle
+
+    def close(self, entry: JobEntry, now: float) -> list[Incident]:
+        """Diagnose a quiet job; returns the incidents to emit (new, or revised) and marks them emitted."""
+        entry.open = False
+        state = entry.state
+        incidents = self.engine.diagnose(state, self.engine_now(state, now))
+        out: list[Incident] = []
+        for incident in incidents:
+            fingerprint = incident_fingerprint(incident)
+            if state.emitted.get(incident.incident_id) == fingerprint:
+                continue
+            revision = state.revisions.get(incident.incident_id, 0) + 1
+            state.emitted[incident.incident_id] = fingerprint
+            state.revisions[incident.incident_id] = revision
+            out.append(incident.model_copy(update={"revision": revision}))
+        return out
+
+
+def _group_by_job(events: Sequence[Any]) -> dict[str, tuple[list[Decoded], int | None]]:
+    groups: dict[str, tuple[list[Decoded], int | None]] = {}
+    for event in events:
+        decoded = decode_signal_message(event.key, event.value)
+        if decoded is None:
+            continue
+        items, _ = groups.get(decoded.job_id, ([], None))
+        items.append(decoded)
+        groups[decoded.job_id] = (items, event.message.partition)
+    return groups
+
+
+def make_correlate_agent(
+    app: Any,
+    source: Any,
+    incidents_out: Any,
+    table: Any,
+    correlator: JobCorrelator,
+    *,
+    batch_size: int,
+    batch_within_s: float,
+    clock: Callable[[], float] = time.time,
+    name: str = "correlate",
+) -> Any:
+    """Register the agent on `app`.
+
+    `table` maps the job id (UTF-8 bytes, exactly the signals topic's key) to the job's entry dict:
+    in production a faust Table whose changelog partition is computed from the key
+    (use_partitioner=True), because a batch mixes partitions; the raw key bytes make that partition
+    the job's signals partition. Yields one summary per batch: signals added, incidents emitted.
+    """
+
+    async def correlate(stream: Any) -> AsyncIterator[dict[str, Any]]:
+        async for events in stream.take_events(batch_size, within=batch_within_s):
+            now = clock()
+            added = 0
+            emitted: list[str] = []
+            for job_id, (items, partition) in _group_by_job(events).items():
+                key = job_id.encode("utf-8")
+                entry = JobEntry.from_dict(job_id, table.get(key))
+                added += correlator.apply(entry, items, now, partition)
+                if any(item.close for item in items) and correlator.is_quiet(entry, now):
+                    for incident in correlator.close(entry, now):
+                        await incidents_out.send(key=incident.incident_id.encode("utf-8"), value=incident_to_bytes(incident))
+                        kind = "new" if incident.revision == 1 else "revision"
+                        INCIDENTS_EMITTED.labels(kind).inc()
+                        emitted.append(f"{incident.incident_id}#{incident.revision}")
+                table[key] = entry.to_dict()
+            yield {"signals_added": added, "emitted": emitted}
+
+    return app.agent(source, name=name)(correlate)
+
+
+def quiet_jobs(table_items: Iterable[tuple[bytes | str, Any]], now: float, quiet_window_s: float,
+               active_partitions: set[int] | None) -> list[str]:
+    """Jobs with an open window and no new signal for `quiet_window_s`, on partitions this worker owns.
+
+    Reads only the small bookkeeping fields of each entry (the table holds plain dicts in memory).
+    """
+    out: list[str] = []
+    for job_id, data in table_items:
+        if not isinstance(data, dict) or not data.get("open"):
+            continue
+        if active_partitions is not None and data.get("partition") not in active_partitions:
+            continue
+        last = data.get("last_update")
+        if last is None or now - float(last) >= quiet_window_s:
+            out.append(job_id.decode("utf-8") if isinstance(job_id, bytes) else job_id)
+    return out
+
+
+def make_close_timer(
+    app: Any,
+    table_items: Callable[[], Iterable[tuple[bytes | str, Any]]],
+    ticks_out: Any,
+    *,
+    quiet_window_s: float,
+    interval_s: float,
+    signals_topic: str | None,
+    clock: Callable[[], float] = time.time,
+) -> Callable[[], Any]:
+    """A timer that asks the owner of each quiet job to close its window (one request per quiet spell).
+
+    `table_items` lists the local table's (key, entry) pairs; `signals_topic` (when given) limits the
+    requests to jobs on partitions this worker actively owns (standby copies are skipped)."""
+    requested: dict[str, float] = {}
+
+    async def close_quiet_windows() -> None:
+        now = clock()
+        actives: set[int] | None = None
+        if signals_topic is not None:
+            actives = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == signals_topic}
+        for job_id in quiet_jobs(table_items(), now, quiet_window_s, actives):
+            # Ask again only if the last request was not handled within a quiet window (e.g. a rebalance).
+            if now - requested.get(job_id, 0.0) < max(quiet_window_s, interval_s * 3):
+                continue
+            requested[job_id] = now
+            await ticks_out.send(key=job_id.encode("utf-8"), value=close_message(job_id, now))
+
+    app.timer(interval_s, name="close_quiet_windows")(close_quiet_windows)
+    return close_quiet_windows

@@ -1,0 +1,267 @@
+"""The webhook sink: rootrank.incidents -> one notification per incident transition per destination.
+
+A thin faust shell around `WebhookDispatcher.handle` (correlator/webhooks/dispatcher.py):
+
+- the agent reads the incidents topic with manual acks: an incident is acked only after every
+  destination has it delivered or dead-lettered (dead letters awaited until the broker acked
+  them), so faust commits no offset past an incident still being retried. A receiver that is
+  down stalls this sink (Kafka keeps the backlog, not memory); a worker stopped or killed
+  mid-retry re-reads the incident from the last commit and delivers it then;
+- per-incident progress (which destination has which transition) lives in the table
+  `webhook-progress` (changelog-backed, partitioned like the incidents topic), so a replay
+  after a restart notifies nobody twice;
+- per-job registrations live in the global table `webhook-registrations` (every worker reads
+  all of it; written from the HTTP API), so they survive restarts;
+- the HTTP API `GET/PUT/DELETE /jobs/{job_id}/webhooks` runs on faust's web server
+  (logic in correlator/webhooks/api.py: bearer token for writes, inputs validated).
+
+Run alone: `python -m correlator.agents.webhook_sink [--web-port N]` (config: ROOTRANK_CONFIG
+and ROOTRANK_* variables), or install it into another app with `install_webhook_sink`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from prometheus_client import Counter
+from pydantic import ValidationError
+
+from correlator.models import Incident
+from correlator.webhooks.api import MAX_BODY_BYTES, RegistrationAPI
+from correlator.webhooks.dispatcher import WebhookDispatcher
+from correlator.webhooks.receivers import safe_errors
+from correlator.webhooks.registry import Registry
+
+if TYPE_CHECKING:
+    import faust
+
+    from correlator.config import Settings
+
+log = logging.getLogger("rootrank.webhooks.sink")
+
+WEBHOOKS_ROLE = "webhooks"
+REGISTRATIONS_TABLE = "webhook-registrations"
+PROGRESS_TABLE = "webhook-progress"
+AGENT_NAME = "webhooks"
+
+NOTIFICATIONS = Counter(
+    "rootrank_webhook_notifications_total", "webhook notifications by outcome (delivered, dead_lettered)", ["outcome"]
+)
+SKIPPED = Counter("rootrank_webhook_incidents_skipped_total", "incident messages that notified nobody", ["reason"])
+
+
+@dataclass
+class WebhookSink:
+    """What `install_webhook_sink` built; tests and the app reach the parts through it."""
+
+    app: faust.App
+    dispatcher: WebhookDispatcher
+    api: RegistrationAPI
+    registrations: Any  # faust GlobalTable
+    progress: Any  # faust Table
+    deadletter_topic: Any
+    max_replay_age_s: float | None
+
+    async def dead_letter(self, record: dict[str, Any]) -> None:
+        """Publish and wait for the broker's ack; a broker outage blocks here (nothing is committed meanwhile)."""
+        value = orjson.dumps(record)
+        key = str(record.get("incident_id") or "").encode("utf-8") or None
+        delay = 0.5
+        while True:
+            try:
+                future = await self.deadletter_topic.send(key=key, value=value)
+                await future
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any producer failure: retry, never drop
+                log.error("webhook dead letter not written (%s); retrying in %.1fs", exc.__class__.__name__, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def process(self, value: bytes | None, broker_timestamp: float | None) -> None:
+        """One record of the incidents topic, start to end; returns when it may be acked."""
+        if value is None:
+            SKIPPED.labels("tombstone").inc()
+            return
+        try:
+            incident = Incident.model_validate_json(value)
+        except ValidationError as exc:
+            SKIPPED.labels("not_an_incident").inc()
+            reason = "not an incident: " + "; ".join(safe_errors(exc)[:5])
+            log.error("incidents record dead-lettered: %s", reason)
+            await self.dead_letter({"reason": reason, "raw_b64": base64.b64encode(value[:65536]).decode("ascii")})
+            return
+        if (
+            self.max_replay_age_s is not None
+            and broker_timestamp is not None
+            and time.time() - broker_timestamp > self.max_replay_age_s
+        ):
+            SKIPPED.labels("too_old").inc()
+            log.info("incident %s revision %d older than the replay age: not notified", incident.incident_id, incident.revision)
+            return
+        for result in await self.dispatcher.handle(incident):
+            NOTIFICATIONS.labels("delivered" if result.delivered else "dead_lettered").inc()
+
+
+async def _read_bounded(request: Any, limit: int) -> bytes | None:
+    """The request body, or None when it is larger than `limit` (read no further than limit + 1)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await request.content.read(limit + 1 - size)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return None
+
+
+def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.App | None = None) -> WebhookSink:
+    """Add the webhook agent, its two tables and its HTTP API to `app` (the API to `web_app` if given)."""
+    import faust
+
+    topics = settings.topics
+    raw = {"key_serializer": "raw", "value_serializer": "raw"}
+    incidents_topic = app.topic(topics.incidents, internal=False, **raw)
+    deadletter_topic = app.topic(topics.webhooks_deadletter, internal=False, **raw)
+    registrations = app.GlobalTable(
+        REGISTRATIONS_TABLE,
+        default=None,
+        key_type=str,
+        # One partition and the partitioner: written from web requests (outside any stream), and
+        # faust's advice for global tables shared by several workers; every worker keeps reading
+        # the whole changelog, so a registration made through one worker reaches all of them.
+        partitions=1,
+        use_partitioner=True,
+        recovery_buffer_size=1,
+        synchronize_all_active_partitions=True,
+    )
+    progress = app.Table(
+        PROGRESS_TABLE,
+        default=None,
+        key_type=str,
+        # Written while processing an incident: the changelog partition is that incident's partition.
+        partitions=topics.partitions,
+    )
+    registry = Registry(registrations)
+    api = RegistrationAPI(registry, settings.webhooks.api_token)
+    sink = WebhookSink(
+        app=app,
+        dispatcher=WebhookDispatcher.from_settings(settings.webhooks, registry=registry, progress=progress),
+        api=api,
+        registrations=registrations,
+        progress=progress,
+        deadletter_topic=deadletter_topic,
+        max_replay_age_s=settings.webhooks.max_replay_age_s,
+    )
+    sink.dispatcher.dead_letter = sink.dead_letter
+
+    @app.agent(incidents_topic, name=AGENT_NAME)
+    async def webhooks(stream: Any) -> None:
+        manual = stream.noack()
+        async for event in manual.events():
+            try:
+                await sink.process(event.value, event.message.timestamp)
+            except asyncio.CancelledError:
+                raise  # stopping: the incident stays unacked and is re-read after the restart
+            except Exception:
+                # A bug, not a delivery failure (those are dead-lettered). Stop the worker rather than
+                # skip the incident: it restarts from the last commit, which is before this incident.
+                log.exception("webhook sink failed on an incident; stopping the worker")
+                await app.crash(RuntimeError("webhook sink failed"))  # type: ignore[attr-defined]
+                raise
+            await manual.ack(event)
+
+    @app.timer(interval=3600.0)
+    async def close_idle_http() -> None:
+        # Keep-alive connections to receivers that were notified once are not kept for days.
+        await sink.dispatcher.deliverer.close()
+
+    host = web_app or app
+
+    class JobWebhooks(faust.web.View):
+        async def get(self, request: Any, job_id: str) -> Any:
+            return await self._serve(request, job_id)
+
+        async def put(self, request: Any, job_id: str) -> Any:
+            return await self._serve(request, job_id)
+
+        async def delete(self, request: Any, job_id: str) -> Any:
+            return await self._serve(request, job_id)
+
+        async def _serve(self, request: Any, job_id: str) -> Any:
+            body: bytes | None = None
+            if request.method == "PUT":
+                declared = request.headers.get("Content-Length")
+                if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+                    return self.json({"error": f"body larger than {MAX_BODY_BYTES} bytes"}, status=413)
+                body = await _read_bounded(request, MAX_BODY_BYTES)
+                if body is None:
+                    return self.json({"error": f"body larger than {MAX_BODY_BYTES} bytes"}, status=413)
+            response = await api.handle(request.method, job_id, request.headers, request.query, body)
+            return self.json(response.body, status=response.status, headers=response.headers or None)
+
+    host.page("/jobs/{job_id}/webhooks")(JobWebhooks)
+
+    @app.task
+    async def announce() -> None:
+        routes = len(sink.dispatcher.routes.routes)
+        receivers = ", ".join(f"{r.name}={r.display_target()}" for r in sink.dispatcher.routes.receivers.values())
+        log.info("webhook sink: %d routes, receivers: %s", routes, receivers or "none")
+
+    _ = (webhooks, close_idle_http, announce)
+    return sink
+
+
+def build_webhooks_app(settings: Settings, *, web_port: int | None, **overrides: Any) -> faust.App:
+    """The webhook sink as its own faust app and consumer group (`<app_id>-webhooks`)."""
+    import faust
+
+    from correlator.app import faust_settings
+    from correlator.topics import group_id
+
+    conf = faust_settings(settings, WEBHOOKS_ROLE, web_port=web_port)
+    conf.update(overrides)
+    Path(conf["datadir"]).parent.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
+    app = faust.App(group_id(settings, WEBHOOKS_ROLE), **conf)
+    install_webhook_sink(app, settings)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    import faust
+
+    from correlator.config import load_settings
+
+    parser = argparse.ArgumentParser(prog="python -m correlator.agents.webhook_sink")
+    parser.add_argument("--config", help="YAML config (default: ROOTRANK_CONFIG)")
+    parser.add_argument("--web-port", type=int, help="HTTP API port (default: the config's web_port)")
+    parser.add_argument("--loglevel", default="INFO")
+    args = parser.parse_args(argv)
+    settings = load_settings(args.config)
+    app = build_webhooks_app(settings, web_port=args.web_port or settings.web_port)
+    try:
+        asyncio.get_event_loop()
+    except RuntimeError:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+    worker = faust.Worker(app, loglevel=args.loglevel, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""The incident picture renders in a real browser: headless Debian Chromium, driven over the DevTools protocol.
+
+Checks what a person would see: the initiator's lane exists and is marked, the initiating event is drawn
+inside that lane (layout, not just markup), and the page logs no console error, no uncaught exception and
+no blocked request. `ROOTRANK_WRITE_SCREENSHOT=1` also writes docs/img/incident.png from the demo scenario.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from correlator.models import CollateralEntry, Evidence, Incident, Initiator, Signal
+from correlator.report_html import render_incident_html
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium, or scripts/install-system-deps.sh)"
+)
+
+# Runs in the page after load: what the browser laid out, as JSON.
+LAYOUT_PROBE = """
+(() => {
+  const lane = document.getElementById('initiator-lane');
+  const marks = document.querySelectorAll('[data-role="initiator"]');
+  const out = {lane: !!lane, marks: marks.length, lanes: document.querySelectorAll('g.lane').length,
+               title: document.title, svg: !!document.getElementById('swimlanes')};
+  if (lane) {
+    const r = lane.getBoundingClientRect();
+    out.laneRank = lane.getAttribute('data-rank');
+    out.laneHost = lane.getAttribute('data-host');
+    out.laneBox = [r.top, r.bottom, r.width];
+  }
+  if (marks.length) {
+    const m = marks[0].querySelector('circle').getBoundingClientRect();
+    out.markCenterY = (m.top + m.bottom) / 2;
+    out.markBox = [m.width, m.height];
+  }
+  out.scripts = document.scripts.length;
+  out.bodyHeight = document.documentElement.scrollHeight;
+  return JSON.stringify(out);
+})()
+"""
+
+
+class Browser:
+    """One headless Chromium process with remote debugging on a free port; stopped by `close`."""
+
+    def __init__(self, chromium: str, profile: Path) -> None:
+        self.profile = profile
+        self.proc = subprocess.Popen(
+            [
+                chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+                f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
+                "--remote-allow-origins=*", "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not port_file.exists() or len(port_file.read_text().splitlines()) < 2:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                raise RuntimeError(f"chromium exited with {self.proc.returncode}: {err[-2000:]}")
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("chromium did not open its DevTools port within 30 s")
+            time.sleep(0.05)
+        self.port = int(port_file.read_text().splitlines()[0])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+    def render(self, url: str, *, width: int = 1500, screenshot: bool = False) -> dict[str, Any]:
+        return asyncio.run(self._render(url, width, screenshot))
+
+    async def _render(self, url: str, width: int, screenshot: bool) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as http:
+            async with http.put(f"http://127.0.0.1:{self.port}/json/new?about:blank") as resp:
+                target = await resp.json(content_type=None)
+            try:
+                async with http.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=64 << 20) as ws:
+                    return await _drive(ws, url, width, screenshot)
+            finally:
+                async with http.get(f"http://127.0.0.1:{self.port}/json/close/{target['id']}") as resp:
+                    await resp.read()
+
+
+async def _drive(ws: aiohttp.ClientWebSocketResponse, url: str, width: int, screenshot: bool) -> dict[str, Any]:
+    problems: list[str] = []
+    next_id = 0
+    loaded = asyncio.Event()
+    pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+
+    async def reader() -> None:
+        async for msg in ws:
+            data = json.loads(msg.data)
+            if "id" in data and data["id"] in pending:
+                pending.pop(data["id"]).set_result(data)
+                continue
+            method, params = data.get("method"), data.get("params", {})
+            if method == "Runtime.exceptionThrown":
+                details = params["exceptionDetails"]
+                problems.append(f"exception: {details.get('exception', {}).get('description') or details.get('text')}")
+            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert", "warning"):
+                args = " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))
+                problems.append(f"console.{params['type']}: {args}")
+            elif method == "Log.entryAdded" and params["entry"].get("level") in ("error", "warning"):
+                problems.append(f"log {params['entry'].get('source')}: {params['entry'].get('text')}")
+            elif method == "Page.loadEventFired":
+                loaded.set()
+
+    async def call(method: str, **params: Any) -> dict[str, Any]:
+        nonlocal next_id
+        next_id += 1
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        pending[next_id] = fut
+        await ws.send_str(json.dumps({"id": next_id, "method": method, "params": params}))
+        reply = await asyncio.wait_for(fut, 30)
+        if "error" in reply:
+            raise RuntimeError(f"{method}: {reply['error']}")
+        return dict(reply.get("result", {}))
+
+    task = asyncio.create_task(reader())
+    try:
+        for domain in ("Page", "Runtime", "Log"):
+            await call(f"{domain}.enable")
+        await call("Emulation.setDeviceMetricsOverride", width=width, height=900, deviceScaleFactor=1, mobile=False)
+        await call("Page.navigate", url=url)
+        await asyncio.wait_for(loaded.wait(), 30)
+        await asyncio.sleep(0.3)  # late console messages (after load) still count
+        probe = await call("Runtime.evaluate", expression=LAYOUT_PROBE, returnByValue=True)
+        result: dict[str, Any] = json.loads(probe["result"]["value"])
+        if screenshot:
+            height = min(int(result["bodyHeight"]), 6000)
+            await call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+            shot = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+            result["png"] = base64.b64decode(shot["data"])
+        result["problems"] = list(problems)
+        return result
+    finally:
+        task.cancel()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium, or scripts/install-system-deps.sh)")
+    with tempfile.TemporaryDirectory(prefix="rootrank-chromium-") as profile:
+        b = Browser(CHROMIUM, Path(profile))
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _incident_64(init_rank: int = 37) -> tuple[Incident, list[Signal]]:
+    """A 64-rank job on 8 skewed hosts: Xid on rank 37's host, CUDA error on 37, watchdog on the other 63."""
+    world, hosts = 64, 8
+    per = world // hosts
+    t0 = datetime(2026, 11, 30, 18, 30, 35, 382000, tzinfo=UTC)
+    skew = {f"node{h:02d}": ((h * 7) % 5 - 2) * 1.1 for h in range(hosts)}
+    signals: list[Signal] = []
+
+    def add(t: float, host: str, **kw: Any) -> None:
+        ts = t0 + timedelta(seconds=t + skew[host])
+        signals.append(Signal(job_id="j", order=len(signals), ts=ts, host=host, file=f"{host}.log", **kw))
+
+    ih = f"node{init_rank // per:02d}"
+    xid = "NVRM: Xid (PCI:0000:ab:00): 79, pid=26711, GPU has fallen off the bus."
+    add(0.0, ih, rule_id="gpu-xid", class_="gpu_hardware_error", role="cause", severity="critical", pid=26711, line=xid)
+    add(0.35, ih, rule_id="cuda-launch-failure", class_="cuda_illegal_memory_access", severity="critical", rank=init_rank,
+        line="RuntimeError: CUDA error: unspecified launch failure")
+    for r in range(world):
+        if r != init_rank:
+            add(600.6 + (r % 7) * 0.004, f"node{r // per:02d}", rule_id="nccl-watchdog", class_="nccl_timeout",
+                role="collateral", rank=r, fields={"seq": 3143, "op": "ALLREDUCE"},
+                line=f"[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3143, OpType=ALLREDUCE)")
+    for h in range(hosts):
+        add(601.5 + h * 0.1, f"node{h:02d}", rule_id="torchelastic-child-failed", class_="launcher_teardown",
+            role="collateral", line="torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ")
+    iso = t0.isoformat().replace("+00:00", "Z")
+    incident = Incident(
+        incident_id="3f1c0a9e5b7d2c4e6a80",
+        job_id="sim-gpu-hardware-error-0",
+        class_="gpu_hardware_error",
+        title=f"GPU hardware fault on rank {init_rank} ({ih})",
+        severity="critical",
+        confidence=0.95,
+        confidence_reason="raised first; explains nccl_timeout on 63 ranks",
+        initiator=Initiator(rank=init_rank, local_rank=init_rank % per, host=ih, pid=26711, gpu="5", ts=iso,
+                            rule="gpu-xid", line=xid),
+        collateral=[CollateralEntry(class_="nccl_timeout", ranks=[r for r in range(world) if r != init_rank],
+                                    hosts=sorted(skew), count=world - 1)],
+        evidence=[
+            Evidence(rank=init_rank, host=ih, ts=iso, rule="gpu-xid", line=xid),
+            # Log text is data: markup in it must be shown, never executed.
+            Evidence(rank=0, host="node00", ts=iso, rule="nccl-watchdog",
+                     line="[Rank 0] Watchdog caught ... <script>console.error('injected')</script><img src=x onerror=alert(1)>"),
+        ],
+        fix=["Drain the node and run dcgmi diag -r 3.", "Replace the GPU; resume from the last checkpoint."],
+        verify=["dcgmi diag -r 3 passes", "No new Xid under load for 24 h."],
+        references=["https://docs.nvidia.com/deploy/xid-errors/index.html"],
+        window_start=iso,
+        window_end=(t0 + timedelta(seconds=602.5)).isoformat(),
+        world_size=world,
+    )
+    return incident, signals
+
+
+def _write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path.as_uri()
+
+
+@needs_chromium
+def test_initiator_lane_is_marked_and_page_is_clean(browser: Browser, tmp_path: Path) -> None:
+    incident, signals = _incident_64()
+    url = _write(tmp_path, "incident.html", render_incident_html(incident, signals))
+
+    result = browser.render(url)
+
+    assert result["problems"] == []
+    assert result["svg"] and result["lane"]
+    assert (result["laneRank"], result["laneHost"]) == ("37", "node04")
+    assert result["marks"] == 1
+    top, bottom, lane_width = result["laneBox"]
+    assert lane_width > 400
+    assert top <= result["markCenterY"] <= bottom, "the initiating event is not drawn on the initiator's lane"
+    assert result["lanes"] >= 64  # one lane per rank (plus host lanes)
+    assert result["scripts"] == 0  # the evidence line's <script> stayed text
+
+
+@needs_chromium
+def test_report_without_signals_still_marks_initiator(browser: Browser, tmp_path: Path) -> None:
+    incident, _ = _incident_64(init_rank=5)
+    url = _write(tmp_path, "evidence-only.html", render_incident_html(incident, None, title="evidence only"))
+
+    result = browser.render(url)
+
+    assert result["problems"] == []
+    assert result["title"] == "evidence only"
+    assert result["laneRank"] == "5"
+    top, bottom, _ = result["laneBox"]
+    assert top <= result["markCenterY"] <= bottom
+
+
+@needs_chromium
+def test_probe_reports_console_errors(browser: Browser, tmp_path: Path) -> None:
+    """The clean-page assertions above mean something: a page with an error is caught."""
+    url = _write(
+        tmp_path, "broken.html",
+        "<!DOCTYPE html><html><head><title>broken</title></head><body>"
+        "<script>console.error('boom'); undefinedFunction();</script></body></html>",
+    )
+
+    result = browser.render(url)
+
+    assert any("boom" in p for p in result["problems"])
+    assert any("undefinedFunction" in p for p in result["problems"])
+    assert not result["lane"]
+
+
+@needs_chromium
+def test_demo_incident_from_simulated_logs(browser: Browser, tmp_path: Path) -> None:
+    """The demo scenario end to end: simulate, diagnose, render; rank 37's lane carries the initiator.
+
+    With ROOTRANK_WRITE_SCREENSHOT=1 the full-page screenshot is written to docs/img/incident.png.
+    """
+    from correlator.diagnose import Diagnoser
+    from correlator.simulate import log_paths, simulate_demo
+
+    truth = simulate_demo(tmp_path / "logs")
+    incidents, signals = Diagnoser().diagnose(log_paths(tmp_path / "logs", truth), truth.job_id)
+    assert incidents, "the demo scenario produced no incident"
+    url = _write(tmp_path, "demo.html", render_incident_html(incidents[0], signals))
+    write_png = os.environ.get("ROOTRANK_WRITE_SCREENSHOT", "") not in ("", "0")
+
+    result = browser.render(url, screenshot=write_png)
+
+    assert result["problems"] == []
+    assert incidents[0].class_ == "gpu_hardware_error"
+    assert result["laneRank"] == "37"
+    top, bottom, _ = result["laneBox"]
+    assert top <= result["markCenterY"] <= bottom
+    if write_png:
+        out = REPO / "docs" / "img" / "incident.png"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(result["png"])
+        assert out.stat().st_size > 10_000

@@ -1,0 +1,186 @@
+"""The correlate agent under faust's test_context: signals in, incidents out when a window goes quiet.
+
+The job table is a plain dict here (faust's Table needs a running producer for its changelog);
+the integration tests run the real changelog-backed table against a broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import faust
+import orjson
+import pytest
+
+from correlator.agents.correlate import (
+    JobCorrelator,
+    close_message,
+    make_correlate_agent,
+    quiet_jobs,
+)
+from correlator.agents.match import signal_to_bytes
+from correlator.engine import Engine, JobState
+from correlator.matcher import Matcher
+from correlator.models import Signal
+from correlator.rules import RuleSet, load_ruleset
+from correlator.signals import SignalExtractor
+from ingest.event import LogEvent
+
+T0 = datetime(2026, 3, 14, 9, 26, 53, tzinfo=timezone.utc)
+QUIET_S = 5.0
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {gpu} has a total capacity of 79.14 GiB"
+
+
+@pytest.fixture(scope="module")
+def ruleset() -> RuleSet:
+    return load_ruleset()
+
+
+@pytest.fixture(scope="module")
+def extractor(ruleset: RuleSet) -> SignalExtractor:
+    return SignalExtractor(ruleset, Matcher(ruleset))
+
+
+def oom_signals(extractor: SignalExtractor, job: str, ranks_at: list[tuple[int, float]]) -> list[Signal]:
+    events = [
+        LogEvent(job_id=job, host=f"node-{rank // 4}", rank=rank, ts=T0 + timedelta(seconds=at), offset=i,
+                 line=OOM.format(gpu=rank % 4), file=f"rank{rank}.log")
+        for i, (rank, at) in enumerate(ranks_at)
+    ]
+    signals = extractor.from_events(events)
+    assert len(signals) == len(events)
+    return signals
+
+
+class Harness:
+    """The agent with a settable clock, a dict table and an incidents channel."""
+
+    def __init__(self, ruleset: RuleSet, table: dict[bytes, Any] | None = None) -> None:
+        self.now = 1000.0
+        self.table: dict[bytes, Any] = table if table is not None else {}
+        self.app = faust.App(f"test-correlate-{uuid.uuid4().hex[:8]}", broker="kafka://127.0.0.1:9",
+                             store="memory://", autodiscover=False)
+        self.source, incidents = self.app.channel(), self.app.channel()
+        self.incidents_seen = incidents.__aiter__()
+        self.engine = Engine(ruleset, quiet_window_s=QUIET_S)
+        self.agent = make_correlate_agent(
+            self.app, self.source, incidents, self.table, JobCorrelator(self.engine, quiet_window_s=QUIET_S),
+            batch_size=1000, batch_within_s=0.02, clock=lambda: self.now,
+        )
+
+    async def put_batch(self, tested: Any, values: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+        before = len(tested.results)
+        for i, (key, value) in enumerate(values):
+            await tested.put(key=key, value=value, partition=3, wait=False)
+        while len(tested.results) == before:
+            async with tested.new_value_processed:
+                await asyncio.wait_for(tested.new_value_processed.wait(), 5)
+        return dict(tested.results[len(tested.results) - 1])
+
+    async def incidents(self) -> list[dict[str, Any]]:
+        out = []
+        while True:
+            try:
+                event = await asyncio.wait_for(self.incidents_seen.get(), 0.2)
+            except asyncio.TimeoutError:
+                return out
+            assert event.key == orjson.loads(event.value)["incident_id"].encode()
+            out.append(orjson.loads(event.value))
+
+
+def test_quiet_window_emits_once_and_revises_on_change(ruleset: RuleSet, extractor: SignalExtractor) -> None:
+    h = Harness(ruleset)
+    first = oom_signals(extractor, "job-a", [(3, 0.0)])
+    later = oom_signals(extractor, "job-a", [(3, 0.0), (7, 4.0)])[1:]
+
+    async def scenario() -> None:
+        async with h.agent.test_context() as tested:
+            summary = await h.put_batch(tested, [(b"job-a", signal_to_bytes(s)) for s in first])
+            assert summary == {"signals_added": 1, "emitted": []}
+            entry = h.table[b"job-a"]
+            assert entry["open"] is True and entry["partition"] == 3
+
+            # A close request before the window is quiet changes nothing.
+            h.now += QUIET_S / 2
+            assert await h.put_batch(tested, [(b"job-a", close_message("job-a", h.now))]) == {"signals_added": 0, "emitted": []}
+            assert await h.incidents() == []
+
+            h.now += QUIET_S
+            summary = await h.put_batch(tested, [(b"job-a", close_message("job-a", h.now))])
+            (incident,) = await h.incidents()
+            expected = h.engine.correlate("job-a", first)[0].to_json_dict()
+            assert summary["emitted"] == [f"{expected['incident_id']}#1"]
+            assert (incident["incident_id"], incident["class"], incident["initiator"], incident["revision"]) == (
+                expected["incident_id"], "cuda_oom", expected["initiator"], 1)
+            assert incident["initiator"]["rank"] == 3
+            assert h.table[b"job-a"]["open"] is False
+
+            # A replay of the same signal (a restarted match worker) is dropped; closing again emits nothing.
+            assert (await h.put_batch(tested, [(b"job-a", signal_to_bytes(first[0]))]))["signals_added"] == 0
+            assert await h.put_batch(tested, [(b"job-a", close_message("job-a", h.now))]) == {"signals_added": 0, "emitted": []}
+
+            # A late signal that changes the collateral: same incident id, revision 2.
+            assert (await h.put_batch(tested, [(b"job-a", signal_to_bytes(s)) for s in later]))["signals_added"] == 1
+            h.now += QUIET_S + 1
+            await h.put_batch(tested, [(b"job-a", close_message("job-a", h.now))])
+            (revised,) = await h.incidents()
+            assert revised["incident_id"] == incident["incident_id"] and revised["revision"] == 2
+            assert revised["initiator"]["rank"] == 3
+            assert [(c["class"], c["ranks"]) for c in revised["collateral"]] == [("cuda_oom", [7])]
+
+    asyncio.run(scenario())
+
+
+def test_state_in_the_table_survives_a_new_agent(ruleset: RuleSet, extractor: SignalExtractor) -> None:
+    """What a restarted worker sees after changelog recovery: the same dict, nothing emitted twice."""
+    signals = oom_signals(extractor, "job-b", [(1, 0.0), (2, 1.0)])
+    first = Harness(ruleset)
+
+    async def run_first() -> list[dict[str, Any]]:
+        async with first.agent.test_context() as tested:
+            await first.put_batch(tested, [(b"job-b", signal_to_bytes(s)) for s in signals])
+            first.now += QUIET_S
+            await first.put_batch(tested, [(b"job-b", close_message("job-b", first.now))])
+            return await first.incidents()
+
+    emitted = asyncio.run(run_first())
+    assert [i["revision"] for i in emitted] == [1]
+
+    # The changelog holds the entries as JSON; recovery gives the new worker the same dicts.
+    recovered = {k: orjson.loads(orjson.dumps(v)) for k, v in first.table.items()}
+    second = Harness(ruleset, table=recovered)
+    second.now = first.now + 60
+
+    async def run_second() -> dict[str, Any]:
+        async with second.agent.test_context() as tested:
+            # Signals since the last commit are read again, then the window closes again.
+            await second.put_batch(tested, [(b"job-b", signal_to_bytes(s)) for s in signals])
+            second.now += 10 * QUIET_S
+            summary = await second.put_batch(tested, [(b"job-b", close_message("job-b", second.now))])
+            assert await second.incidents() == []
+            return summary
+
+    summary = asyncio.run(run_second())
+    assert summary == {"signals_added": 0, "emitted": []}
+
+
+def test_quiet_jobs_skips_open_windows_still_active_and_other_partitions() -> None:
+    entries = [
+        (b"quiet", {"open": True, "last_update": 100.0, "partition": 1}),
+        (b"busy", {"open": True, "last_update": 118.0, "partition": 1}),
+        (b"closed", {"open": False, "last_update": 10.0, "partition": 1}),
+        (b"standby-copy", {"open": True, "last_update": 10.0, "partition": 2}),
+    ]
+    assert quiet_jobs(entries, now=120.0, quiet_window_s=5.0, active_partitions={1}) == ["quiet"]
+    assert sorted(quiet_jobs(entries, now=120.0, quiet_window_s=5.0, active_partitions=None)) == ["quiet", "standby-copy"]
+
+
+def test_engine_clock_follows_event_time_for_replayed_logs(ruleset: RuleSet, extractor: SignalExtractor) -> None:
+    correlator = JobCorrelator(Engine(ruleset), quiet_window_s=QUIET_S)
+    state = JobState(job_id="j")
+    for s in oom_signals(extractor, "j", [(0, 0.0), (1, 30.0)]):
+        state.add(s, now=5000.0)
+    assert correlator.engine_now(state, 5007.0) == pytest.approx((T0 + timedelta(seconds=30)).timestamp() + 7.0)

@@ -1,0 +1,119 @@
+"""The match agent under faust's test_context: raw values in, signals and dead letters out."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+from typing import Any
+
+import faust
+import orjson
+import pytest
+
+from correlator.agents.match import MatchProcessor, RawMessage, make_match_agent
+from correlator.matcher import Matcher
+from correlator.models import Signal
+from correlator.rules import load_ruleset
+from correlator.signals import SignalExtractor
+from ingest.ship_format import encode_batch
+
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.14 GiB"
+
+
+@pytest.fixture(scope="module")
+def extractor() -> SignalExtractor:
+    ruleset = load_ruleset()
+    return SignalExtractor(ruleset, Matcher(ruleset))
+
+
+def _app() -> faust.App:
+    # The broker is never contacted: test_context feeds the agent directly, outputs are channels.
+    return faust.App(f"test-match-{uuid.uuid4().hex[:8]}", broker="kafka://127.0.0.1:9", store="memory://",
+                     autodiscover=False)
+
+
+async def _drain(channel: Any) -> list[Any]:
+    out = []
+    while True:
+        try:
+            out.append(await asyncio.wait_for(channel.get(), 0.3))
+        except asyncio.TimeoutError:
+            return out
+
+
+async def _run_agent(extractor: SignalExtractor, values: list[bytes], **processor_kw: Any) -> tuple[list[dict[str, int]], list[Any], list[Any]]:
+    app = _app()
+    source, signals_out, deadletter_out = app.channel(), app.channel(), app.channel()
+    agent = make_match_agent(
+        app, source, signals_out, deadletter_out, MatchProcessor(extractor, **processor_kw),
+        batch_size=len(values), batch_within_s=0.05,
+    )
+    # A channel delivers only to iterators that subscribed before the send.
+    signals_seen, dead_seen = signals_out.__aiter__(), deadletter_out.__aiter__()
+    async with agent.test_context() as tested:
+        for i, value in enumerate(values):
+            await tested.put(value=value, key=None, partition=0, wait=(i == len(values) - 1))
+        summaries = list(tested.results.values())
+        return summaries, await _drain(signals_seen), await _drain(dead_seen)
+
+
+def test_good_values_become_signals_keyed_by_job(extractor: SignalExtractor) -> None:
+    values = [
+        encode_batch([(1773480413.0, "stderr", "step 10 loss 2.31"), (1773480414.0, "stderr", f"[rank3]: {OOM}")],
+                     job_id="llama-7", host="node-a"),
+        orjson.dumps({"log": f"[rank5]: {OOM}\n", "stream": "stderr", "time": "2026-03-14T09:26:53.1Z",
+                      "kubernetes": {"pod_name": "llama-7-worker-1", "host": "node-b",
+                                     "labels": {"training.kubeflow.org/job-name": "llama-7"}}}),
+        b"plain text line with nothing in it",
+    ]
+    summaries, signals, dead = asyncio.run(_run_agent(extractor, values))
+    assert summaries == [{"read": 3, "processed": 3, "deadletter": 0, "lines": 4, "signals": 2}]
+    assert dead == []
+    parsed = [Signal.model_validate_json(e.value) for e in signals]
+    assert {(s.job_id, s.rank, s.host, s.class_) for s in parsed} == {
+        ("llama-7", 3, "node-a", "cuda_oom"), ("llama-7", 5, "node-b", "cuda_oom")}
+    assert all(e.key == b"llama-7" for e in signals)
+
+
+def test_bad_values_are_dead_lettered_with_reason_and_raw_bytes(extractor: SignalExtractor) -> None:
+    bad = {
+        "empty": b"",
+        "not_utf8": b"[rank1]: CUDA out of memory. Tried to allocate \xff\xfe bytes",
+        "bad_json": b'{"log": "[rank2]: truncated json',
+        "too_large": b"x" * (1024 * 1024 + 1),
+    }
+    good = [f"[rank0]: {OOM}".encode()]
+    summaries, signals, dead = asyncio.run(_run_agent(extractor, [*bad.values(), *good], max_value_bytes=1024 * 1024))
+    (summary,) = summaries
+    # Every value is counted once: processed + dead-lettered = read.
+    assert summary["read"] == 5 and summary["processed"] == 1 and summary["deadletter"] == 4
+    letters = [orjson.loads(e.value) for e in dead]
+    assert [letter["reason"] for letter in letters] == list(bad)
+    for letter, raw in zip(letters, bad.values()):
+        assert base64.b64decode(letter["raw_b64"]) == raw
+        assert letter["size"] == len(raw) and letter["raw_truncated"] is False
+        assert {"topic", "partition", "offset"} <= letter.keys()
+    assert [Signal.model_validate_json(e.value).rank for e in signals] == [0]
+
+
+def test_invalid_utf8_can_be_decoded_with_replacement(extractor: SignalExtractor) -> None:
+    processor = MatchProcessor(extractor, invalid_utf8="replace")
+    out = processor.process([RawMessage(b"[rank1]: \xff " + OOM.encode(), "rootrank.logs", 0, 7)])
+    assert out.processed == 1 and not out.dead_letters
+    assert [s.rank for s in out.signals] == [1]
+
+
+def test_lines_of_one_message_keep_their_order(extractor: SignalExtractor) -> None:
+    value = encode_batch([(None, None, f"[rank{r}]: {OOM}") for r in range(3)], job_id="j")
+    out = MatchProcessor(extractor).process([RawMessage(value, "rootrank.logs", 0, 42)])
+    orders = [s.order for s in sorted(out.signals, key=lambda s: s.rank or 0)]
+    assert orders == sorted(orders) and len(set(orders)) == 3
+
+
+def test_dead_letter_raw_bytes_are_capped_to_fit_a_message(extractor: SignalExtractor) -> None:
+    processor = MatchProcessor(extractor, max_value_bytes=100, deadletter_max_raw_bytes=150)
+    out = processor.process([RawMessage(b"y" * 400, "rootrank.logs", 2, 9)])
+    (letter,) = out.dead_letters
+    assert letter["reason"] == "too_large" and letter["size"] == 400 and letter["raw_truncated"] is True
+    assert base64.b64decode(letter["raw_b64"]) == b"y" * 150
