@@ -30,11 +30,16 @@ log = logging.getLogger(__name__)
 
 
 RoleBuilder = Callable[["faust.App", Settings, "Pipeline"], None]
+PluginBuilder = Callable[["faust.App", Settings], object]
 
 # Roles that live in other modules, imported only when a worker runs them:
-# role -> "module:function", the function registering the role's agents on its app
-# (signature of RoleBuilder). A module that is not there yet is skipped.
-ROLE_MODULES: dict[str, str] = {}
+# role -> "module:function", where function(app, settings) installs the role's agents, tables and
+# timers on the role's own app (consumer group `<app_id>-<role>`). A module that is not importable
+# is skipped, and its role is not part of `all`.
+ROLE_MODULES: dict[str, str] = {
+    "webhooks": "correlator.agents.webhook_sink:install_webhook_sink",
+    "es-sink": "correlator.agents.es_sink:install_es_sink",
+}
 
 
 def _plugin_builder(role: str) -> RoleBuilder | None:
@@ -47,7 +52,11 @@ def _plugin_builder(role: str) -> RoleBuilder | None:
     except ImportError:
         log.debug("role %s: module %s not available", role, module_name)
         return None
-    builder: RoleBuilder = getattr(module, func_name)
+    install: PluginBuilder = getattr(module, func_name)
+
+    def builder(app: faust.App, settings: Settings, pipeline: Pipeline) -> None:
+        install(app, settings)
+
     return builder
 
 
@@ -226,6 +235,7 @@ def build_app(settings: Settings, role: str, *, pipeline: Pipeline | None = None
         raise ValueError(f"unknown role {role!r}")
     conf = faust_settings(settings, role, web_port=web_port)
     conf.update(overrides)
+    Path(conf["datadir"]).mkdir(parents=True, exist_ok=True)
     app = faust.App(group_id(settings, role), **conf)
     builder(app, settings, pipeline or Pipeline(settings))
     if web_port is not None:

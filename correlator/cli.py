@@ -335,7 +335,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_ship(args: argparse.Namespace) -> int:
+    import logging
+
     from ingest.ship import ShipOptions, run_ship
+
+    logging.basicConfig(level=logging.WARNING, format="rootrank ship: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # its reconnect chatter; we report outages once
 
     settings = _settings_from(args)
     from correlator.setup_topics import kafka_python_config
@@ -366,6 +371,7 @@ def _cmd_ship(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         follow=args.follow,
         tee=args.tee,
+        idempotence=not args.no_idempotence,
     )
     return run_ship(options, files=args.file or [], command=command)
 
@@ -424,6 +430,8 @@ def _add_streaming_parsers(sub: argparse._SubParsersAction) -> None:  # type: ig
     ship.add_argument("--compression", default="auto", choices=["auto", "gzip", "lz4", "snappy", "zstd", "none"],
                       help="message compression (auto: lz4 when installed, else gzip)")
     ship.add_argument("--state-dir", default=".rootrank-ship", help="positions of followed files and the spool")
+    ship.add_argument("--no-idempotence", action="store_true",
+                      help="plain (non-idempotent) producer, for brokers without idempotence support")
     ship.add_argument("--spool-max-mib", type=int, default=1024, help="disk spool bound while Kafka is down")
     ship.add_argument("--drain-timeout", type=float, default=30.0,
                       help="seconds to keep sending after the input ends (the rest stays spooled)")
@@ -443,6 +451,79 @@ def _add_streaming_parsers(sub: argparse._SubParsersAction) -> None:  # type: ig
     up.add_argument("--web-port", type=int, default=6066, help="worker metrics/health port (0: off)")
     up.add_argument("--loglevel", default="warning", choices=["debug", "info", "warning", "error"])
     up.set_defaults(func=_cmd_up)
+
+
+# --- webhooks: per-job registrations on the worker's HTTP API -----------------------------------
+
+
+def _cmd_webhooks(args: argparse.Namespace) -> int:
+    import os
+
+    from correlator.config import load_settings
+    from correlator.webhooks.client import ClientError, WebhooksClient, registration_from_args, resolve_token
+
+    settings = load_settings(args.config)
+    configured = settings.webhooks.api_token.get_secret_value() if settings.webhooks.api_token else None
+    api = args.api or os.environ.get("ROOTRANK_API_URL") or f"http://127.0.0.1:{settings.web_port}"
+    client = WebhooksClient(api, resolve_token(args.token_file, configured))
+    try:
+        if args.webhooks_command == "add":
+            body, generated = registration_from_args(args)
+            view = client.add(args.job, body)["webhook"]
+            print(f"{view['id']}  {view['kind']}  {view['target']}  (job {args.job})")
+            if generated:
+                print(f"signing secret (shown once; give it to the receiver): {generated}")
+        elif args.webhooks_command == "list":
+            for view in client.list(args.job):
+                filters = " ".join(
+                    part for part in (
+                        f"min_severity={view['min_severity']}" if view["min_severity"] else "",
+                        f"classes={','.join(view['classes'])}" if view["classes"] else "",
+                        "signed" if view["signed"] else "",
+                    ) if part
+                )
+                print(f"{view['id']}  {view['kind']}  {view['target']}  {filters}".rstrip())
+        elif args.webhooks_command == "remove":
+            if not (args.url or args.id or args.all):
+                print("rootrank webhooks remove: give a URL, --id or --all", file=sys.stderr)
+                return 2
+            removed = client.remove(args.job, url=args.url, registration_id=args.id, everything=args.all)
+            print(f"removed {removed} webhook(s) of job {args.job}")
+        else:
+            print("rootrank webhooks: choose add, list or remove", file=sys.stderr)
+            return 2
+    except (ClientError, OSError) as exc:
+        print(f"rootrank webhooks: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_webhooks_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    webhooks = sub.add_parser(
+        "webhooks", help="register, list and remove a job's webhooks on a running worker",
+        description="Talks to the worker's /jobs/{job_id}/webhooks API. The token for add/remove comes from "
+        "$ROOTRANK_API_TOKEN, --token-file or the config's webhooks.api_token (never a flag: shell history).",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--job", required=True, help="job id")
+    common.add_argument("--api", help="worker URL (default: $ROOTRANK_API_URL, else http://127.0.0.1:<web_port>)")
+    common.add_argument("--token-file", help="file holding the API token")
+    common.add_argument("--config", help="YAML config file (default: ROOTRANK_CONFIG)")
+    actions = webhooks.add_subparsers(dest="webhooks_command", metavar="ACTION")
+    add = actions.add_parser("add", parents=[common], help="add (or replace) a webhook of the job")
+    add.add_argument("url", nargs="?", metavar="URL", help="where to POST (optional for pagerduty)")
+    add.add_argument("--kind", default="generic_json", choices=["generic_json", "slack", "pagerduty", "alertmanager"])
+    add.add_argument("--generate-secret", action="store_true", help="sign with a new whsec_ secret, printed once")
+    add.add_argument("--secret-file", help="file holding a whsec_... signing secret (generic_json)")
+    add.add_argument("--routing-key-file", help="file holding the PagerDuty routing key (pagerduty)")
+    add.add_argument("--min-severity", choices=["info", "low", "medium", "high", "critical"])
+    add.add_argument("--class", dest="classes", action="append", metavar="GLOB", help="only these classes (repeat)")
+    actions.add_parser("list", parents=[common], help="list the job's webhooks")
+    remove = actions.add_parser("remove", parents=[common], help="remove a webhook by URL or id, or all of them")
+    remove.add_argument("url", nargs="?", metavar="URL")
+    remove.add_argument("--id", help="webhook id (from list)")
+    remove.add_argument("--all", action="store_true", help="remove every webhook of the job")
+    webhooks.set_defaults(func=_cmd_webhooks)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -536,6 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("--data", help="also count hits per rule over this log file")
     test.set_defaults(func=_cmd_rules_test)
     _add_streaming_parsers(sub)
+    _add_webhooks_parser(sub)
     return parser
 
 

@@ -371,9 +371,32 @@ class Engine:
     def _tier(confidence: float) -> int:
         return 2 if confidence >= 0.7 else 1 if confidence >= 0.45 else 0
 
+    @staticmethod
+    def _with_corroborated_identity(primary: Signal, matches: Sequence[Signal]) -> Signal:
+        """Fill who-fields the initiating line lacks from the next line of the same class that has them.
+
+        "Unexpected bus error encountered in worker" names nobody; the "DataLoader worker (pid 325) is
+        killed by signal: Bus error" line right after it names the process.
+        """
+        fields = ("rank", "local_rank", "host", "pid", "gpu")
+        if all(getattr(primary, f) is not None for f in fields):
+            return primary
+        for s in matches:
+            if s is primary or s.class_ != primary.class_ or s.order < primary.order and s.file == primary.file:
+                continue
+            if any(getattr(primary, f) is not None and getattr(s, f) is not None and getattr(primary, f) != getattr(s, f)
+                   for f in fields):
+                continue  # a different process: not the same failure told twice
+            update = {f: getattr(s, f) for f in fields if getattr(primary, f) is None and getattr(s, f) is not None}
+            if update:
+                return primary.model_copy(update=update)
+        return primary
+
     def _progress_suspect(self, matches: Sequence[Signal], world_size: int | None) -> tuple[int | None, str, bool]:
         """(rank, reason, strong) of the rank whose collective progress lags, from watchdog facts."""
         completed: dict[int, int] = {}
+        explicit = False
+        seqs: dict[int, set[int]] = defaultdict(set)
         reporting: set[int] = set()
         for s in matches:
             if s.rank is None:
@@ -381,10 +404,17 @@ class Engine:
             f = s.fields
             if "completed" in f and isinstance(f["completed"], int):
                 completed[s.rank] = min(completed.get(s.rank, f["completed"]), f["completed"])
+                explicit = True
             elif "seq" in f and isinstance(f["seq"], int) and s.class_ == "nccl_timeout":
-                completed.setdefault(s.rank, f["seq"] - 1)
+                seqs[s.rank].add(f["seq"])
             if s.class_ in ("nccl_timeout", "nccl_error"):
                 reporting.add(s.rank)
+        if not explicit and seqs and all(len(v) == 1 for v in seqs.values()):
+            # Timeout sequence numbers alone are comparable only within one process group: trust a
+            # lag of a few collectives, not a gap of thousands (different groups count separately).
+            values_seen = [min(v) for v in seqs.values()]
+            if max(values_seen) - min(values_seen) <= 8:
+                completed = {r: min(v) - 1 for r, v in seqs.items()}
         if len(completed) >= 2:
             values = sorted(set(completed.values()))
             if len(values) >= 2:
@@ -440,10 +470,14 @@ class Engine:
             top = max(self._tier(self._confidence(s)) for s in candidates)
             primary = min((s for s in candidates if self._tier(self._confidence(s)) == top), key=timeline.key)
         else:
-            # Only consequences were logged: name the class they show, and the progress suspect if any.
+            # Only consequences were logged: name the class they show (the one nothing else present
+            # explains, e.g. an NCCL remote error rather than the timeouts it caused), and the progress
+            # suspect if any.
             victim_report = True
-            top = max(self._tier(self._confidence(s)) for s in matches)
-            primary = min((s for s in matches if self._tier(self._confidence(s)) == top), key=timeline.key)
+            pool = [s for s in matches if explained_by[id(s)] is None] or list(matches)
+            top = max(self._tier(self._confidence(s)) for s in pool)
+            primary = min((s for s in pool if self._tier(self._confidence(s)) == top), key=timeline.key)
+        primary = self._with_corroborated_identity(primary, matches)
         return self._build(
             state, window, matches, primary, index, timeline, world_size, explained_by,
             victim_report, suspect, suspect_reason, strong,

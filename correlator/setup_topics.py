@@ -47,7 +47,7 @@ def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicO
         partitions_of: dict[str, int] = {}
         if existing:
             for meta in admin.describe_topics([s.name for s in topic_specs(settings) if s.name in existing]):
-                partitions_of[meta["topic"]] = len(meta.get("partitions") or [])
+                partitions_of[str(meta.get("topic") or meta.get("name"))] = len(meta.get("partitions") or [])
         for spec in topic_specs(settings):
             if spec.name in existing:
                 have = partitions_of.get(spec.name)
@@ -73,13 +73,13 @@ def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicO
 
 
 def _admin_with_retry(factory: Any, kafka: KafkaSettings, timeout_s: float) -> Any:
-    from kafka.errors import NoBrokersAvailable
+    from kafka.errors import KafkaError
 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return factory(client_id="rootrank-setup", **kafka_python_config(kafka))
-        except NoBrokersAvailable:
+        except KafkaError:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.5)

@@ -68,7 +68,15 @@ class SignalExtractor:
         }
         fields: dict[str, str | int | float] = {}
         if hit.role == "main":
-            for name, value in self.matcher.extract(hit.rule_index, raw if raw is not None else text).items():
+            extracted = self.matcher.extract(hit.rule_index, raw if raw is not None else text)
+            if "blame_rank" in extracted:
+                # The line reports another rank as the one that diverged ("but Rank 7 is running ...").
+                fields["reporter_rank"] = _coerce(extracted.pop("rank", "")) if "rank" in extracted else ""
+                if event.rank is not None and not fields["reporter_rank"]:
+                    fields["reporter_rank"] = event.rank
+                extracted["rank"] = extracted.pop("blame_rank")
+                identity.update({"local_rank": None, "pid": None, "gpu": None})
+            for name, value in extracted.items():
                 if name in IDENTITY_FIELDS:
                     identity[name] = value if name in ("gpu", "host") else _coerce(value)
                 else:

@@ -20,9 +20,11 @@ brackets, torchelastic agent, rsyslog); the truth records it. Lines without time
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -35,7 +37,7 @@ from correlator.rules import Rule, RuleSet, load_ruleset
 
 Format = Literal["plain", "fluentbit", "vector", "filebeat", "rsyslog"]
 FORMATS: tuple[str, ...] = ("plain", "fluentbit", "vector", "filebeat", "rsyslog")
-Mode = Literal["crash", "hang", "all", "continue"]
+Mode = Literal["crash", "hang", "all", "continue", "victims"]
 
 DEMO_CLASS = "gpu_hardware_error"
 DEMO_RANK = 37
@@ -62,6 +64,8 @@ ALL_RANK_CLASSES = frozenset(
 CONTINUE_CLASSES = frozenset(
     {"sdc_grad_norm_spike", "sdc_parameter_drift", "sdc_gemm_mismatch", "nccl_reduce_scatter_sdc", "loss_nan", "pii_leakage"}
 )
+# Consequences only: every rank shows the class and nothing in the logs says who started it.
+VICTIM_CLASSES = frozenset({"nccl_timeout", "launcher_teardown"})
 # The initiating rank stops making progress without an error line of its own.
 HANG_CLASSES = frozenset({"straggler_hang"})
 
@@ -83,7 +87,8 @@ class TruthInitiator(BaseModel):
     local_rank: int | None = None
     pid: int | None = None
     gpu: str | None = None
-    all: bool = False
+    all: bool = Field(default=False, description="every rank failed the same way (a deterministic data/config error)")
+    unknown: bool = Field(default=False, description="only consequences were logged; no line shows who started it")
 
 
 class Truth(BaseModel):
@@ -138,7 +143,7 @@ class _Host:
 # --- lines ------------------------------------------------------------------------------------
 
 # How a line is rendered; the timestamp styles use the host's (skewed) clock.
-Style = Literal["rank", "rank_pylog", "rank_glog", "nccl", "agent_glog", "agent", "kern"]
+Style = Literal["rank", "rank_pylog", "rank_glog", "nccl", "nccl_raw", "agent_glog", "agent", "kern"]
 
 
 @dataclass
@@ -184,6 +189,9 @@ def _render(line: _Line, skew: float) -> str:
     if line.style == "nccl":
         assert p is not None
         return f"{p.host}:{p.pid}:{line.thread or p.pid} [{p.local_rank}] NCCL INFO {line.body}"
+    if line.style == "nccl_raw":
+        assert p is not None
+        return f"{p.host}:{p.pid}:{line.thread or p.pid} [{p.local_rank}] {line.body}"
     if line.style == "agent_glog":
         return f"{line.level}{local:%m%d %H:%M:%S}.{local.microsecond:06d} {line.thread} {line.srcloc}] {line.body}"
     if line.style == "agent":
@@ -215,6 +223,9 @@ _RANK_PREFIX = re.compile(
     r"|\((?:\w+ )?(?:pid|rank)=[^)]*\)\s*|\S+:\d+:\d+ \[\d+\] )"
 )
 _KERNEL_HINT = re.compile(r"NVRM:|\bkernel:|Out of memory: Killed process|oom-kill|oom_reaper|\bmlx5_core\b|\bpcieport\b|AER:")
+# Lines the launcher (torchrun agent, deepspeed launcher) writes about a worker, not the worker itself.
+_LAUNCHER_LINE = re.compile(r"^\[launch\.py:\d+:\w+\]|^\[\d+\] \[launch\.py|sigkill_handler")
+_NCCL_LOG = re.compile(r"^NCCL (?:WARN|INFO|ERROR)\b")
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?")
 
 
@@ -246,24 +257,22 @@ def strip_identity(line: str) -> str:
 
 def split_example(line: str) -> FailureText:
     kernel = bool(_KERNEL_HINT.search(line))
-    text = strip_identity(line.strip())
+    text = line.strip()
     level = srcloc = None
+    # Own patterns first: a torch/glog header's level and source location are kept for re-rendering,
+    # and the shared prefix parser would consume them.
     changed = True
     while changed:
         changed = False
+        for pattern in (_RANK_PREFIX, *_LEADING_TS):
+            m = pattern.match(text)
+            if m and m.end() > 0:
+                text, changed = text[m.end() :], True
         m = _GLOG.match(text)
         if m:
             level, srcloc = m.group("level"), m.group("srcloc")
-            text = text[m.end() :]
-            changed = True
-        for pattern in _LEADING_TS:
-            m2 = pattern.match(text)
-            if m2 and m2.end() > 0:
-                text = text[m2.end() :]
-                changed = True
-        stripped = strip_identity(text)
-        if stripped != text:
-            text, changed = stripped, True
+            text, changed = text[m.end() :], True
+    text = strip_identity(text)
     return FailureText(text=text.strip(), kernel=kernel, glog_level=level, glog_srcloc=srcloc)
 
 
@@ -302,7 +311,7 @@ def _substitute_identity(text: str, rule: Rule, proc: _Proc) -> str:
         # Kernel lines name the process and device by pid and PCI address, not by rank.
         result = re.sub(r"\bpid=\d+", f"pid={proc.pid}", result)
         result = re.sub(r"Killed process \d+", f"Killed process {proc.pid}", result)
-        result = re.sub(r"PCI:0000:[0-9a-fA-F]{2}:", f"PCI:0000:{proc.bus}:", result)
+        result = re.sub(r"\b(PCI:)?0000:[0-9a-fA-F]{2}:00\b", lambda m: f"{m[1] or ''}0000:{proc.bus}:00", result)
     return result
 
 
@@ -398,6 +407,12 @@ def _signature_rules(ruleset: RuleSet, cls: str) -> list[Rule]:
 _MATCHERS: dict[str, Any] = {}
 
 
+@functools.lru_cache(maxsize=1)
+def _default_ruleset() -> RuleSet:
+    # Loading validates every pattern with hyperscan (seconds); a process simulating many jobs loads once.
+    return load_ruleset()
+
+
 def _matcher_for(ruleset: RuleSet) -> Any:
     from correlator.matcher import Matcher
 
@@ -405,6 +420,20 @@ def _matcher_for(ruleset: RuleSet) -> Any:
     if matcher is None:
         matcher = _MATCHERS[ruleset.version] = Matcher(ruleset)
     return matcher
+
+
+def _best_class(ruleset: RuleSet, text: str) -> str | None:
+    """The class of the most confident signature rule matching `text` ('' when classes tie at the top)."""
+    matcher = _matcher_for(ruleset)
+    best: dict[float, set[str]] = defaultdict(set)
+    for hit in matcher.scan_buffer(text.encode("utf-8")):
+        rule = matcher.rules[hit.rule_index]
+        if hit.role == "main" and rule.kind == "signature" and rule.class_:
+            best[rule.confidence].add(rule.class_)
+    if not best:
+        return None
+    top = best[max(best)]
+    return next(iter(top)) if len(top) == 1 else ""
 
 
 def _rule_matches(ruleset: RuleSet, rule: Rule, text: str) -> bool:
@@ -463,6 +492,7 @@ class _Scenario:
         self.initiator = self.procs[initiator_rank if initiator_rank is not None else self.rng.randrange(world_size)]
         self.mode: Mode = (
             "all" if cls in ALL_RANK_CLASSES
+            else "victims" if cls in VICTIM_CLASSES
             else "continue" if cls in CONTINUE_CLASSES
             else "hang" if cls in HANG_CLASSES
             else "crash"
@@ -564,15 +594,23 @@ class _Scenario:
         if not rules:
             raise SimulateError(f"no signature rule of class {self.cls!r} in the rule library (rules/); cannot simulate it")
         candidates = [r for r in rules if r.metric is None and r.absence is None and r.sequence is None] or rules
-        rule = candidates[self.rng.randrange(len(candidates))]
-        examples = list(rule.examples.match)
-        self.rng.shuffle(examples)
-        for example in examples:
-            failure = split_example(example)
-            if failure.text and _rule_matches(self.ruleset, rule, failure.text):
-                return rule, [failure]
-        # The rule needs context its prefix-less text lacks: ship the example as written.
-        return rule, [FailureText(text=strip_identity(examples[0]), kernel=bool(_KERNEL_HINT.search(examples[0])))]
+        pairs: list[tuple[Rule, FailureText]] = []
+        for rule in candidates:
+            for example in rule.examples.match:
+                failure = split_example(example)
+                if failure.text and _rule_matches(self.ruleset, rule, failure.text):
+                    pairs.append((rule, failure))
+        if not pairs:
+            # The rules need context their prefix-less text lacks: ship an example as written.
+            rule = candidates[self.rng.randrange(len(candidates))]
+            example = rule.examples.match[0]
+            return rule, [FailureText(text=strip_identity(example), kernel=bool(_KERNEL_HINT.search(example)))]
+        # An example that a more confident rule of another class also matches stands for that class, not
+        # this one; such overlaps are the rule library's to resolve, so prefer the examples without them.
+        clear = [(r, f) for r, f in pairs if _best_class(self.ruleset, f.text) in (None, self.cls)]
+        chosen = clear or pairs
+        rule, failure = chosen[self.rng.randrange(len(chosen))]
+        return rule, [failure]
 
     def failure_lines_for(self, t: float, proc: _Proc, rule: Rule | None, failures: Sequence[FailureText]) -> float:
         """Emit the failure on `proc` starting at `t`; returns the time of the last line."""
@@ -596,7 +634,13 @@ class _Scenario:
                         self.emit(t, proc, "rank", body)
                         t += 0.0005
                 continue
-            if failure.glog_level:
+            if _LAUNCHER_LINE.search(text):
+                text = re.sub(r"--local_rank=\d+", f"--local_rank={proc.local_rank}", text)
+                text = re.sub(r"local_rank: \d+", f"local_rank: {proc.local_rank}", text)
+                self.emit(t, None, "agent", text, host=proc.host)
+            elif _NCCL_LOG.match(text):
+                self.emit(t, proc, "nccl_raw", text, thread=proc.pid + 311)
+            elif failure.glog_level:
                 self.emit(t, proc, "rank_glog", text, level=failure.glog_level, srcloc=failure.glog_srcloc or "")
             elif _EXCEPTION_LINE.match(text):
                 for body in ("Traceback (most recent call last):", '  File "/workspace/train.py", line 212, in <module>',
@@ -666,7 +710,7 @@ class _Scenario:
                   f"failed (exitcode: {exitcode}) local_rank: {first.local_rank} (pid: {first.pid}) of binary: /usr/bin/python3",
                   host=host.name, level="E", srcloc=f"{api}:869", thread=host.agent_pid)
         when = _dt(t + host.skew).strftime("%Y-%m-%d_%H:%M:%S")
-        signal_name = {-6: "SIGABRT", -9: "SIGKILL", -7: "SIGBUS", -11: "SIGSEGV"}.get(exitcode)
+        signal_name = {-6: "SIGABRT", -9: "SIGKILL", -7: "SIGBUS", -11: "SIGSEGV", -15: "SIGTERM"}.get(exitcode)
         block = [
             "Traceback (most recent call last):",
             '  File "/usr/local/bin/torchrun", line 8, in <module>',
@@ -726,6 +770,9 @@ class _Scenario:
             for host in self.hosts:
                 failed = sorted(host.procs, key=lambda p: self.rng.random())
                 self.teardown(host, exit_t + 1.0 + self.jitter(0.5), [(p, 1) for p in failed], sigterm=[])
+            return
+        if self.mode == "victims":
+            self.victims(t, rule, failures)
             return
         # Training until the failing step.
         last_step = steps
@@ -811,6 +858,30 @@ class _Scenario:
                 first = victims[self.rng.randrange(len(victims))]
                 survivors = [p for p in host.procs if p is not first]  # includes a hung initiator
                 self.teardown(host, timeout_t + 0.5 + self.jitter(1.0), [(first, -6)], sigterm=survivors)
+
+    def victims(self, t: float, rule: Rule | None, failures: Sequence[FailureText]) -> None:
+        """Every rank is a victim of something these logs do not show.
+
+        nccl_timeout: a host that never logged stalled the job; all ranks here time out on the same
+        collective with the same progress. launcher_teardown: the scheduler stopped the job (preemption);
+        every worker gets SIGTERM and every launcher tears its host down, with no error before it.
+        """
+        t = self.chatter(t, self.noise_lines, 1)
+        seq = self.seq_base + self.noise_lines
+        end_t = t + 0.6 + (self.timeout_s if self.cls == "nccl_timeout" else 5.0)
+        self.failure_t = end_t
+        if self.cls == "nccl_timeout":
+            for p in self.procs:
+                self.watchdog(end_t + self.jitter(0.04), p, seq)
+            self.failure_lines.append(next(ln.body for ln in self.lines if "Watchdog caught" in ln.body))
+        elif rule is not None:
+            for p in self.procs:
+                self.failure_lines_for(end_t + self.jitter(0.05), p, rule, failures)
+            self.failure_lines = self.failure_lines[:1]
+        for host in self.hosts:
+            order = sorted(host.procs, key=lambda p: self.rng.random())
+            code = -6 if self.cls == "nccl_timeout" else -15
+            self.teardown(host, end_t + 0.5 + self.jitter(1.0), [(order[0], code)], sigterm=order[1:])
 
     def make_late(self) -> None:
         candidates = [ln for ln in self.lines if ln.has_ts]
@@ -966,7 +1037,7 @@ def simulate(
     """
     if fmt not in FORMATS:
         raise SimulateError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
-    rs = ruleset or load_ruleset()
+    rs = ruleset or _default_ruleset()
     sc = _Scenario(
         cls, world_size=world_size, hosts=hosts, seed=seed, skew_max_s=skew_max_s, noise_lines=noise_lines,
         late_lines=late_lines, initiator_rank=initiator_rank, ruleset=rs, demo=demo,
@@ -980,6 +1051,8 @@ def simulate(
     initiator = (
         TruthInitiator(rank=None, all=True)
         if sc.mode == "all"
+        else TruthInitiator(rank=None, unknown=True)
+        if sc.mode == "victims"
         else TruthInitiator(rank=init.rank, host=init.host, local_rank=init.local_rank, pid=init.pid, gpu=init.gpu)
     )
     truth = Truth(

@@ -29,9 +29,12 @@ def run_worker(settings: Settings, roles: str = "all", *, loglevel: str = "WARNI
     except RuntimeError:
         asyncio.set_event_loop(asyncio.new_event_loop())
     first, *rest = apps
-    worker = faust.Worker(first, *rest, loglevel=loglevel, redirect_stdouts=False)
+    # quiet: no banner or spinner (they write terminal escapes into log files); one line per app instead.
+    worker = faust.Worker(first, *rest, loglevel=loglevel, redirect_stdouts=False, quiet=True)
     for app in apps:
-        log.info("starting %s on %s", app.conf.id, settings.kafka.bootstrap_servers)
+        web = f", http://127.0.0.1:{app.conf.web_port}/rootrank/metrics" if app.conf.web_enabled else ""
+        print(f"rootrank worker: {app.conf.id} (group {app.conf.id}) on {settings.kafka.bootstrap_servers}{web}",
+              file=sys.stderr, flush=True)
     # execute_from_commandline() exits the process through sys.exit when the worker stops.
     try:
         worker.execute_from_commandline()

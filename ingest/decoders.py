@@ -2,7 +2,8 @@
 
 `decode_value` recognises, in this order: Fluent Bit JSON, Vector JSON, Filebeat JSON,
 rootrank's own batch JSON (ship_format.py), rsyslog text (RSYSLOG_FileFormat,
-RSYSLOG_TraditionalFileFormat, RFC 5424), and plain text. It is on the hot path of the
+RSYSLOG_TraditionalFileFormat, RFC 5424), and plain text. A value may also hold several JSON
+records, as JSON lines or as a JSON array of objects. It is on the hot path of the
 streaming worker, so it uses orjson and plain dataclasses, and never raises anything but
 `DecodeError` (whose `reason` goes to the dead-letter topic).
 """
@@ -121,12 +122,11 @@ def _truncate(line: str, max_line_bytes: int) -> tuple[str, bool]:
 def _split_lines(text: str) -> list[str]:
     """Newline-separated lines, without the newline (or CRLF) and without empty lines."""
     if "\n" not in text:
-        line = text[:-1] if text.endswith("\r") else text
+        line = text.removesuffix("\r")
         return [line] if line.strip() else []
     out = []
     for line in text.split("\n"):
-        if line.endswith("\r"):
-            line = line[:-1]
+        line = line.removesuffix("\r")
         if line.strip():
             out.append(line)
     return out
@@ -188,20 +188,54 @@ def _loads(value: bytes) -> Any:
         raise DecodeError("bad_json", str(exc)[:200]) from None
 
 
+def _loads_objects(body: bytes) -> list[dict[str, Any]]:
+    """The JSON object(s) of a value: one object, or newline-delimited objects (JSON lines)."""
+    try:
+        obj = _loads(body)
+    except DecodeError:
+        if b"\n" not in body.rstrip():
+            raise
+        objects = [_loads(part) for part in body.split(b"\n") if part.strip()]
+        if not all(isinstance(o, dict) for o in objects):
+            raise DecodeError("bad_json", "a JSON line is not an object") from None
+        return objects
+    if not isinstance(obj, dict):
+        raise DecodeError("bad_json", "not an object")
+    return [obj]
+
+
+def _json_array_of_objects(body: bytes) -> list[dict[str, Any]] | None:
+    """A JSON array of records (Fluent Bit's `format json` over HTTP), else None: a line that
+    merely starts with '[' is far more often log text ("[rank0]: ...") than broken JSON."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(obj, list) and obj and all(isinstance(o, dict) for o in obj):
+        return obj
+    return None
+
+
+_EXPLICIT_KEYS = frozenset({"job_id", "rank", "local_rank", "pid", "attempt"})
+
+
 def _explicit_identity(obj: Mapping[str, Any], rec: RawRecord) -> None:
     """`job_id`/`rank`/`local_rank`/`pid`/`attempt` set explicitly on the record (top level, or in
     Filebeat's `fields`) win over anything derived later."""
-    for scope in (obj, _dict(obj.get("fields"))):
-        if rec.job_id is None:
-            rec.job_id = _str_or_num(scope.get("job_id"))
-        if rec.rank is None:
-            rec.rank = _int(scope.get("rank"))
-        if rec.local_rank is None:
-            rec.local_rank = _int(scope.get("local_rank"))
-        if rec.pid is None:
-            rec.pid = _int(scope.get("pid"))
-        if rec.attempt is None:
-            rec.attempt = _int(scope.get("attempt"))
+    fields = obj.get("fields")
+    for scope in (obj, fields) if isinstance(fields, dict) else (obj,):
+        if scope.keys().isdisjoint(_EXPLICIT_KEYS):
+            continue
+        if rec.job_id is None and "job_id" in scope:
+            rec.job_id = _str_or_num(scope["job_id"])
+        if rec.rank is None and "rank" in scope:
+            rec.rank = _int(scope["rank"])
+        if rec.local_rank is None and "local_rank" in scope:
+            rec.local_rank = _int(scope["local_rank"])
+        if rec.pid is None and "pid" in scope:
+            rec.pid = _int(scope["pid"])
+        if rec.attempt is None and "attempt" in scope:
+            rec.attempt = _int(scope["attempt"])
 
 
 def _k8s_labels(
@@ -225,7 +259,11 @@ def _fluentbit(obj: Mapping[str, Any], text: str, rec: RawRecord) -> str:
     labels = _flat_labels(k8s.get("labels"))
     node = _str(k8s.get("host"))
     _k8s_labels(
-        labels, _str(k8s.get("pod_name")), _str(k8s.get("namespace_name")), _str(k8s.get("container_name")), node
+        labels,
+        _str(k8s.get("pod_name")),
+        _str(k8s.get("namespace_name")),
+        _str(k8s.get("container_name")),
+        node,
     )
     rec.labels = labels
     rec.host = node or _str(obj.get("host")) or _str(obj.get("hostname")) or _str(obj.get("_HOSTNAME"))
@@ -250,7 +288,11 @@ def _vector(obj: Mapping[str, Any], text: str, rec: RawRecord) -> str:
     labels = _flat_labels(k8s.get("pod_labels"))
     node = _str(k8s.get("pod_node_name"))
     _k8s_labels(
-        labels, _str(k8s.get("pod_name")), _str(k8s.get("pod_namespace")), _str(k8s.get("container_name")), node
+        labels,
+        _str(k8s.get("pod_name")),
+        _str(k8s.get("pod_namespace")),
+        _str(k8s.get("container_name")),
+        node,
     )
     rec.labels = labels
     rec.host = node or _str(obj.get("host")) or _str(obj.get("hostname"))
@@ -327,7 +369,7 @@ def _decode_ship(obj: dict[str, Any], received_ts: datetime | None, max_line_byt
     except ShipFormatError as exc:
         raise DecodeError(exc.reason, str(exc)) from None
     out: list[RawRecord] = []
-    for ts, stream, text in batch.lines:
+    for index, (ts, stream, text) in enumerate(batch.lines):
         rec = RawRecord(
             text="",
             source="rootrank",
@@ -342,6 +384,7 @@ def _decode_ship(obj: dict[str, Any], received_ts: datetime | None, max_line_byt
             ts=tsu.parse_any(ts) if ts is not None else None,
             received_ts=received_ts,
             labels=batch.labels,
+            offset=batch.offset + index if batch.offset is not None else None,
         )
         out.extend(_records_from_text(text, rec, max_line_bytes))
     return out
@@ -365,7 +408,9 @@ _RFC5424 = re.compile(
 )
 
 
-def _syslog_line(line: str, year_hint: int | None) -> tuple[str, datetime | None, str | None, str | None, int | None] | None:
+def _syslog_line(
+    line: str, year_hint: int | None
+) -> tuple[str, datetime | None, str | None, str | None, int | None] | None:
     """(message, ts, host, tag, pid) when `line` is a syslog line in one of rsyslog's formats."""
     c = line[:1]
     if c == "<":
@@ -376,8 +421,7 @@ def _syslog_line(line: str, year_hint: int | None) -> tuple[str, datetime | None
             tag = None if m[3] == "-" else m[3]
             pid = _int(m[4]) if m[4] != "-" else None
             message = line[m.end() :]
-            if message.startswith("\ufeff"):
-                message = message[1:]
+            message = message.removeprefix("\ufeff")
             return message, ts, host, tag, pid
     if c.isdigit() or c == "<":
         m = _RSYSLOG_FILE.match(line)
@@ -419,7 +463,13 @@ def _decode_syslog(
             continue
         out.append(
             RawRecord(
-                text=message, source="rsyslog", host=host, pid=pid, ts=ts, received_ts=received_ts, labels=labels
+                text=message,
+                source="rsyslog",
+                host=host,
+                pid=pid,
+                ts=ts,
+                received_ts=received_ts,
+                labels=labels,
             )
         )
     return out
@@ -457,16 +507,21 @@ def decode_value(
         body = body[3:].lstrip()
     if not body:
         raise DecodeError("empty")
+    objects: list[dict[str, Any]] | None = None
     if body[:1] == b"{" and _looks_like_json_object(body):
-        obj = _loads(body)
-        if not isinstance(obj, dict):
-            raise DecodeError("bad_json", "not an object")
+        objects = _loads_objects(body)
+    elif body[:2] == b"[{":
+        objects = _json_array_of_objects(body)
+    if objects is not None:
+        out: list[RawRecord] = []
         try:
-            return _decode_object(obj, received_ts, max_line_bytes)
+            for obj in objects:
+                out.extend(_decode_object(obj, received_ts, max_line_bytes))
         except DecodeError:
             raise
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError, IndexError) as exc:
             raise DecodeError("bad_record", f"{type(exc).__name__}: {exc}"[:200]) from None
+        return out
     text = value.decode("utf-8", "replace")
     lines = _split_lines(text)
     if not lines:

@@ -56,7 +56,13 @@ def split_glued(line: str) -> list[str]:
     - interleaved `  what():    what():  msg` -> `  what():  msg`.
     Empty segments are dropped; a line without any of these comes back as `[line]`.
     """
-    if "\r" not in line and "\n" not in line and "|" not in line and "it [" not in line and "what():" not in line:
+    if (
+        "\r" not in line
+        and "\n" not in line
+        and "|" not in line
+        and "it [" not in line
+        and "what():" not in line
+    ):
         return [line]
     if "what():" in line:
         line = _WHAT_REPEATED.sub("what():  ", line)
@@ -122,7 +128,7 @@ def _state_after(text: str, previous: _State) -> _State:
         return _State.TRACEBACK
     if stripped.startswith("Last error:"):
         return _State.DETAIL
-    if stripped.startswith("The above exception was") or stripped.startswith("During handling of the above"):
+    if stripped.startswith(("The above exception was", "During handling of the above")):
         return _State.CHAIN
     return _State.NONE
 

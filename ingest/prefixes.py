@@ -6,7 +6,9 @@ peels them off left to right, records what each one says, and returns the rest o
 
 Only true prefixes are removed. Identity that appears inside the message (`[Rank 3] Watchdog
 caught ...`, composer's `Rank 0 crashed`) stays in the text: the rules extract it, because
-there it is a claim about some rank, not the identity of the writer.
+there it is a claim about some rank, not the identity of the writer. Fixed-format logger headers
+(glog, c10, vLLM, Ray's C++ logger: level, time, pid, source location) are removed whole, so a
+traceback frame behind one keeps its indentation.
 
 When two stacked prefixes say the same thing, the outer one wins (it was added last, by the
 component closest to the collector, and is what the other lines of the stream carry too). For
@@ -91,7 +93,9 @@ _C10 = re.compile(r"\[([IWEF])(\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+)(?: +(\
 # dmesg: [ 1843.308145]  and dmesg --reltime deltas [  +0.000316]: relative, not wall-clock
 _DMESG_REL = re.compile(r"\[ *\+?\d+\.\d+\] ?")
 # dmesg -T: [Mon Jun  2 13:13:04 2025]
-_DMESG_T = re.compile(r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + r" +(\d+) (\d\d):(\d\d):(\d\d) (\d{4})\] ?")
+_DMESG_T = re.compile(
+    r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + r" +(\d+) (\d\d):(\d\d):(\d\d) (\d{4})\] ?"
+)
 # UCX: [8d6bf97c3bf4:3039 :0:3095] Caught signal ...
 _UCX = re.compile(r"\[([\w.-]+):(\d+) *:\d+:\d+\] ?")
 # a level in brackets right before a timestamp ([INFO] 2021-09-13 ...) or right after one
@@ -99,6 +103,12 @@ _BRACKET_LEVEL = re.compile(r"\[(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]
 _DATE_AHEAD = re.compile(r"\[?\d{4}[-/]\d\d[-/]\d\d")
 # metaflow: [177/train/578 (pid 28936)] [09c561ee-a44c-4795-967c-7183a83b3160]
 _METAFLOW = re.compile(r"\[[\w.-]+/[\w.-]+/[\w.-]+ \(pid (\d+)\)\] ?(?:\[[0-9a-fA-F-]{8,}\] ?)?")
+# cheap gate for '[': could any bracketed prefix start here? ("[Rank 0] Watchdog", "[E file.cpp:1]"
+# and "[c10d]" are message text and fail it at once instead of trying a dozen patterns)
+_BRACKET_GATE = re.compile(
+    r"\[(?:[Rr]ank\d|RANK \d|[IWEF]\d|\d|[ +]|[A-Za-z_][\w-]*\d\]:|[\w.-]+:\d|[\w.-]+/"
+    r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]|(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) )"
+)
 
 # --- prefixes that start with '(' -------------------------------------------------------------
 # Ray and vLLM: (RayWorkerVllm pid=7046) (Worker pid=1, ip=10.0.0.2) (VllmWorker rank=1 pid=9)
@@ -132,7 +142,9 @@ _SRUN = re.compile(r" *(\d{1,6}): ")
 _GLOG = re.compile(r"([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+) +(\d+) [^\]\s]+:\d+\] ?")
 # vLLM: ERROR 11-08 11:01:29 [core.py:502]
 _VLLM = re.compile(
-    r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)" + _FRAC + r" (?:\[[^\]\s]+:\d+\] ?)?"
+    r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)"
+    + _FRAC
+    + r" (?:\[[^\]\s]+:\d+\] ?)?"
 )
 # syslog (traditional / journalctl short): May  1 12:00:00 host tag[pid]:
 _SYSLOG = re.compile(
@@ -143,8 +155,10 @@ _KERNEL = re.compile(r"kernel: ?")
 # file name is not taken as identity (it is whatever the user named the file); it is removed so
 # the prefixes behind it are seen.
 _GREP_FILE = re.compile(r"[\w.-]+\.(?:log|out|err|txt):(?=\S)")
-# docker compose: "service-name  | " (only at the very start)
-_COMPOSE = re.compile(r"([A-Za-z0-9][\w.-]*) +\| ")
+# docker compose: "service-name  | " / "project-svc-1  | " (only at the very start). Compose names
+# carry a '-', '_' or digit; requiring one keeps table rows ("Params | 124M") and loguru's
+# "INFO     | msg" from being taken for a service.
+_COMPOSE = re.compile(r"([A-Za-z0-9][\w.]*[-_0-9][\w.-]*) +\| ")
 # cheap gate for lines that start with a letter: does any letter-led prefix fit at all?
 _LETTER_GATE = re.compile(
     r"[\w.-]+:\d+:\d+ \[|[A-Za-z0-9][\w.-]* +\| |[\w.-]+\.(?:log|out|err|txt):|[IWEF]\d{4} |"
@@ -157,6 +171,29 @@ _MAX_PREFIXES = 8
 
 def _i(value: str | None) -> int | None:
     return int(value) if value else None
+
+
+def _dated(m: re.Match[str], first: int, tz: str | None) -> datetime | None:
+    """A full date-time from regex groups year, month, day, hh, mm, ss, fraction starting at `first`."""
+    return tsu.build(
+        int(m[first]),
+        int(m[first + 1]),
+        int(m[first + 2]),
+        int(m[first + 3]),
+        int(m[first + 4]),
+        int(m[first + 5]),
+        tsu.frac_to_us(m[first + 6]),
+        tz,
+    )
+
+
+def _undated(
+    year: int | None, month: int, day: int, hh: str, mm: str, ss: str, frac: str | None
+) -> datetime | None:
+    """A time without a year: the given year, else the most recent one that is not in the future."""
+    return tsu.build(
+        tsu.guess_year(month, day, year), month, day, int(hh), int(mm), int(ss), tsu.frac_to_us(frac)
+    )
 
 
 def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
@@ -176,7 +213,10 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
     if first.isalpha():
         if _LETTER_GATE.match(line) is None:
             return Identity(text=line)
-    elif not (first in "[( " or first.isdigit()):
+    elif first == "[":
+        if _BRACKET_GATE.match(line) is None:
+            return Identity(text=line)
+    elif not (first in "( " or first.isdigit()):
         return Identity(text=line)
 
     rank: int | None = None
@@ -188,17 +228,6 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
     ts_has_date = False
     severity: str | None = None
 
-    def take_ts(candidate: datetime | None, has_date: bool) -> None:
-        nonlocal ts, ts_has_date
-        if candidate is None:
-            return
-        if ts is None or (has_date and not ts_has_date):
-            ts, ts_has_date = candidate, has_date
-
-    def undated(month: int, day: int, hh: str, mm: str, ss: str, frac: str | None) -> datetime | None:
-        y = tsu.guess_year(month, day, year)
-        return tsu.build(y, month, day, int(hh), int(mm), int(ss), tsu.frac_to_us(frac))
-
     pos = 0
     n = len(line)
     after_ts = False  # a bracketed level right after a timestamp is part of the same header
@@ -208,19 +237,25 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
         c = line[pos]
         m: re.Match[str] | None = None
         was_ts = False
+        # A timestamp is only built when it would be kept: the first one, or the first dated one.
+        want_dated = ts is None or not ts_has_date
+        want_undated = ts is None
+        cand: datetime | None = None
+        cand_dated = False
         if c == "[":
+            if pos and _BRACKET_GATE.match(line, pos) is None:
+                break
             if (m := _RANK_COLON.match(line, pos)) is not None:
                 rank = rank if rank is not None else int(m[1])
             elif (m := _C10.match(line, pos)) is not None:
                 severity = severity or _SEVERITY[m[1]]
-                take_ts(undated(int(m[2]), int(m[3]), m[4], m[5], m[6], m[7]), False)
+                if want_undated:
+                    cand = _undated(year, int(m[2]), int(m[3]), m[4], m[5], m[6], m[7])
                 pid = pid if pid is not None else _i(m[8])
             elif (m := _BRACKET_DT.match(line, pos)) is not None:
-                take_ts(
-                    tsu.build(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]),
-                              tsu.frac_to_us(m[7]), m[8]),
-                    True,
-                )  # fmt: skip
+                if want_dated:
+                    cand = _dated(m, 1, m[8])
+                    cand_dated = True
                 if m[9]:  # Ray C++ header
                     severity = severity or _SEVERITY[m[9]]
                     pid = pid if pid is not None else int(m[10])
@@ -233,7 +268,9 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
             elif pos == 0 and (m := _PID_BRACKET.match(line, pos)) is not None:
                 pid = int(m[1])
             elif (m := _TRTLLM.match(line, pos)) is not None:
-                take_ts(tsu.build(int(m[3]), int(m[1]), int(m[2]), int(m[4]), int(m[5]), int(m[6])), True)
+                if want_dated:
+                    cand = tsu.build(int(m[3]), int(m[1]), int(m[2]), int(m[4]), int(m[5]), int(m[6]))
+                    cand_dated = True
                 rank = rank if rank is not None else _i(m[7])
                 if m[8]:
                     severity = severity or _SEVERITY[m[8]]
@@ -252,7 +289,9 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
                 else:
                     m = None
             elif (m := _DMESG_T.match(line, pos)) is not None:
-                take_ts(tsu.build(int(m[6]), tsu.MONTHS[m[1]], int(m[2]), int(m[3]), int(m[4]), int(m[5])), True)
+                if want_dated:
+                    cand = tsu.build(int(m[6]), tsu.MONTHS[m[1]], int(m[2]), int(m[3]), int(m[4]), int(m[5]))
+                    cand_dated = True
                 was_ts = True
         elif c == "(":
             m = _PAREN.match(line, pos)
@@ -269,26 +308,19 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
                     m = None
         elif c.isdigit():
             if (m := _RFC3339.match(line, pos)) is not None:
-                take_ts(
-                    tsu.build(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]),
-                              tsu.frac_to_us(m[7]), m[8]),
-                    True,
-                )  # fmt: skip
+                if want_dated:
+                    cand = _dated(m, 1, m[8])
+                    cand_dated = True
                 was_ts = True
             elif (m := _SPACE_DT.match(line, pos)) is not None:
-                tz = None if m[8] == "UTC" else m[8]
-                take_ts(
-                    tsu.build(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]),
-                              tsu.frac_to_us(m[7]), tz),
-                    True,
-                )  # fmt: skip
+                if want_dated:
+                    cand = _dated(m, 1, None if m[8] == "UTC" else m[8])
+                    cand_dated = True
                 was_ts = True
             elif (m := _SLASH_DT.match(line, pos)) is not None:
-                take_ts(
-                    tsu.build(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]),
-                              tsu.frac_to_us(m[7])),
-                    True,
-                )  # fmt: skip
+                if want_dated:
+                    cand = _dated(m, 1, None)
+                    cand_dated = True
                 was_ts = True
             elif (m := _NCCL.match(line, pos)) is not None:
                 host = host or m[1]
@@ -302,9 +334,12 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
             if pos == 0 and (m := _SRUN.match(line, pos)) is not None:
                 rank = int(m[1])
         elif c.isalpha():
+            if pos and _LETTER_GATE.match(line, pos) is None:
+                break
             if (m := _GLOG.match(line, pos)) is not None:
                 severity = severity or _SEVERITY[m[1]]
-                take_ts(undated(int(m[2]), int(m[3]), m[4], m[5], m[6], m[7]), False)
+                if want_undated:
+                    cand = _undated(year, int(m[2]), int(m[3]), m[4], m[5], m[6], m[7])
                 pid = pid if pid is not None else int(m[8])
             elif (m := _NCCL.match(line, pos)) is not None:
                 host = host or m[1]
@@ -312,9 +347,11 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
                 gpu = gpu or m[4]
             elif (m := _VLLM.match(line, pos)) is not None:
                 severity = severity or _SEVERITY[m[1]]
-                take_ts(undated(int(m[2]), int(m[3]), m[4], m[5], m[6], m[7]), False)
+                if want_undated:
+                    cand = _undated(year, int(m[2]), int(m[3]), m[4], m[5], m[6], m[7])
             elif (m := _SYSLOG.match(line, pos)) is not None:
-                take_ts(undated(tsu.MONTHS[m[1]], int(m[2]), m[3], m[4], m[5], m[6]), False)
+                if want_undated:
+                    cand = _undated(year, tsu.MONTHS[m[1]], int(m[2]), m[3], m[4], m[5], m[6])
                 host = host or m[7]
                 pid = pid if pid is not None else _i(m[8])
             elif (m := _KERNEL.match(line, pos)) is not None:
@@ -325,6 +362,8 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
                 pass
         if m is None or m.end() == pos:
             break
+        if cand is not None:
+            ts, ts_has_date = cand, cand_dated
         pos = m.end()
         after_ts = was_ts
 
@@ -345,7 +384,9 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
 
 _PATH_RANK = re.compile(r"(?:^|[^A-Za-z])rank[_-]?(\d+)(?![\d])", re.IGNORECASE)
 _PATH_LOCAL_RANK = re.compile(r"local[_-]?rank[_-]?(\d+)(?!\d)", re.IGNORECASE)
-_PATH_POD = re.compile(r"^(?P<job>.+)-(?P<role>worker|master|launcher|chief|ps|evaluator)-(?P<idx>[0-9]+|[a-z0-9]{5})$")
+_PATH_POD = re.compile(
+    r"^(?P<job>.+)-(?P<role>worker|master|launcher|chief|ps|evaluator)-(?P<idx>[0-9]+|[a-z0-9]{5})$"
+)
 _PATH_BARE_WORKER = re.compile(r"^worker[-_]?(\d+)$", re.IGNORECASE)
 _PATH_HOST_DIR = re.compile(r"^(?:node|host|nid|gpu-node|compute)[-_]?\d+$", re.IGNORECASE)
 _PATH_SLURM = re.compile(r"^slurm-(\d+(?:_\d+)?)\.(?:out|err|log)$")

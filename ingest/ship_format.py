@@ -14,6 +14,9 @@ a container's stderr), so identity is sent once per batch, not once per line:
       "attempt": 0,                   # optional: restart count (TORCHELASTIC_RESTART_COUNT)
       "file": "/logs/rank11.log",     # optional: the path the lines were read from
       "labels": {"team": "llm"},      # optional: string -> string
+      "offset": 5120,                 # optional: line number of lines[0] in its stream (0-based), so
+                                      #   every line has a stable position: a re-sent batch decodes
+                                      #   to the same events, and order survives equal timestamps
       "lines": [                      # required, at least one
         [1714564800.123456, "stderr", "text of one line, without the newline"],
         [null, null, "a line whose time and stream are unknown"]
@@ -72,6 +75,7 @@ class ShipBatch:
     attempt: int | None = None
     file: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    offset: int | None = None
 
 
 def _header(
@@ -83,6 +87,7 @@ def _header(
     attempt: int | None,
     file: str | None,
     labels: Mapping[str, str] | None,
+    offset: int | None = None,
 ) -> dict[str, Any]:
     header: dict[str, Any] = {"v": SHIP_FORMAT_VERSION, "source": SHIP_SOURCE}
     for key, value in (
@@ -93,6 +98,7 @@ def _header(
         ("pid", pid),
         ("attempt", attempt),
         ("file", file),
+        ("offset", offset),
     ):
         if value is not None:
             header[key] = value
@@ -112,11 +118,12 @@ def encode_batch(
     attempt: int | None = None,
     file: str | None = None,
     labels: Mapping[str, str] | None = None,
+    offset: int | None = None,
 ) -> bytes:
     """One Kafka message value holding `lines` ([ts, stream, text] each) and their identity."""
     if not lines:
         raise ValueError("a batch needs at least one line")
-    body = _header(job_id, host, rank, local_rank, pid, attempt, file, labels)
+    body = _header(job_id, host, rank, local_rank, pid, attempt, file, labels, offset)
     body["lines"] = [[ts, stream, text] for ts, stream, text in lines]
     return orjson.dumps(body)
 
@@ -133,13 +140,15 @@ def encode_batches(
     attempt: int | None = None,
     file: str | None = None,
     labels: Mapping[str, str] | None = None,
+    offset: int | None = None,
 ) -> list[bytes]:
     """Like `encode_batch`, split into as many messages as needed to stay under `max_bytes`.
 
     A single line bigger than the limit is cut (the decoder flags over-long lines anyway).
     """
-    header = _header(job_id, host, rank, local_rank, pid, attempt, file, labels)
-    overhead = len(orjson.dumps(header)) + len(',"lines":[]')
+    header = _header(job_id, host, rank, local_rank, pid, attempt, file, labels, offset)
+    overhead = len(orjson.dumps(header)) + len(',"lines":[]') + (24 if offset is not None else 0)
+    sent = 0  # lines already in earlier messages (advances `offset` per message)
     budget = max(max_bytes - overhead, 256)
     out: list[bytes] = []
     chunk: list[list[Any]] = []
@@ -152,13 +161,18 @@ def encode_batches(
             item = [ts, stream, text.encode("utf-8")[:keep].decode("utf-8", "ignore")]
             item_size = len(orjson.dumps(item)) + 1
         if chunk and size + item_size > budget:
-            out.append(orjson.dumps({**header, "lines": chunk}))
+            out.append(orjson.dumps(_with_offset(header, offset, sent) | {"lines": chunk}))
+            sent += len(chunk)
             chunk, size = [], 0
         chunk.append(item)
         size += item_size
     if chunk:
-        out.append(orjson.dumps({**header, "lines": chunk}))
+        out.append(orjson.dumps(_with_offset(header, offset, sent) | {"lines": chunk}))
     return out
+
+
+def _with_offset(header: dict[str, Any], offset: int | None, sent: int) -> dict[str, Any]:
+    return header if offset is None else {**header, "offset": offset + sent}
 
 
 def is_ship_batch(obj: Mapping[str, Any]) -> bool:
@@ -225,4 +239,5 @@ def parse_batch(obj: Mapping[str, Any]) -> ShipBatch:
         attempt=_opt_int(obj, "attempt"),
         file=_opt_str(obj, "file"),
         labels=labels,
+        offset=_opt_int(obj, "offset"),
     )

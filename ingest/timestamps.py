@@ -7,10 +7,12 @@ the ordering of lines from one job consistent even when it is off by a fixed off
 
 from __future__ import annotations
 
+import math
+import time
 from datetime import UTC, datetime, timedelta
 
 # Epoch values outside this range are not log times (a counter, a bad field): ignore them.
-_MIN_EPOCH = 0.0
+_MIN_EPOCH = 100_000_000.0  # 1973: anything earlier is a counter, not a log time
 _MAX_EPOCH = 4_102_444_800.0  # 2100-01-01
 
 MONTHS = {
@@ -24,7 +26,7 @@ _FUTURE_SLACK = timedelta(days=2)
 
 def from_epoch(value: float) -> datetime | None:
     """Seconds since the epoch -> UTC datetime; milliseconds/nanoseconds are recognised by size."""
-    if value != value:  # NaN
+    if math.isnan(value):
         return None
     if value > 1e17:  # nanoseconds
         value /= 1e9
@@ -67,27 +69,37 @@ def build(
 ) -> datetime | None:
     """A UTC datetime from parts, or None when the parts are not a valid date (e.g. 2023-02-30)."""
     try:
+        if tz is None or tz == "Z" or tz == "z":
+            return datetime(year, month, day, hour, minute, min(second, 59), micro, UTC)
         naive = datetime(year, month, day, hour, minute, min(second, 59), micro)
-    except ValueError:
-        return None
-    try:
         return (naive - tz_offset(tz)).replace(tzinfo=UTC)
     except (OverflowError, ValueError):
         return None
 
 
+# (refreshed_at, year, (month, day) of now + slack, year of now + slack): guess_year runs for every
+# year-less timestamp, so "now" is looked up at most once a second.
+_now_cache: tuple[float, int, tuple[int, int], int] = (-1.0, 0, (0, 0), 0)
+
+
 def guess_year(month: int, day: int, year: int | None, now: datetime | None = None) -> int:
     """The year of a year-less timestamp: the given one, else this year unless that is in the future."""
+    global _now_cache
     if year is not None:
         return year
-    now = now or datetime.now(UTC)
-    candidate = now.year
-    try:
-        if datetime(candidate, month, day, tzinfo=UTC) > now + _FUTURE_SLACK:
-            candidate -= 1
-    except ValueError:  # Feb 29 in a non-leap year: leave it to build() to reject
-        pass
-    return candidate
+    if now is None:
+        mono = time.monotonic()
+        if mono - _now_cache[0] > 1.0:
+            current = datetime.now(UTC)
+            limit = current + _FUTURE_SLACK
+            _now_cache = (mono, current.year, (limit.month, limit.day), limit.year)
+        _, this_year, limit_md, limit_year = _now_cache
+    else:
+        limit = now + _FUTURE_SLACK
+        this_year, limit_md, limit_year = now.year, (limit.month, limit.day), limit.year
+    if limit_year == this_year and (month, day) > limit_md:
+        return this_year - 1
+    return this_year
 
 
 def parse_iso(value: str) -> datetime | None:

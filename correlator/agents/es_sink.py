@@ -52,6 +52,7 @@ from correlator.sinks.elasticsearch import (
 )
 
 if TYPE_CHECKING:
+    import faust
     from elasticsearch import Elasticsearch
     from kafka import KafkaConsumer, KafkaProducer
 
@@ -329,6 +330,20 @@ class SinkLoop:
 # --- wiring -------------------------------------------------------------------------------------------
 
 
+def incidents_group(settings: Settings) -> str:
+    """The sink's consumer groups are its own (not the faust app's `<app_id>-es-sink`): the faust app
+    of the role runs no agent, and sharing a group id between two kinds of clients invites trouble."""
+    from correlator.topics import group_id
+
+    return f"{group_id(settings, ES_SINK_ROLE)}-incidents"
+
+
+def signals_group(settings: Settings) -> str:
+    from correlator.topics import group_id
+
+    return f"{group_id(settings, ES_SINK_ROLE)}-signals"
+
+
 def _consumer(settings: Settings, topic: str, group: str, batch_size: int) -> KafkaConsumer:
     from kafka import KafkaConsumer
 
@@ -380,8 +395,6 @@ def build_loops(
     refresh: bool | str = False,
     poll_timeout_s: float = 1.0,
 ) -> list[SinkLoop]:
-    from correlator.topics import group_id
-
     es_settings = settings.elasticsearch
     es = client or make_client(es_settings)
     prefix = es_settings.index_prefix
@@ -405,7 +418,7 @@ def build_loops(
     loops = [
         SinkLoop(
             "es-sink incidents",
-            _consumer(settings, settings.topics.incidents, group_id(settings, ES_SINK_ROLE), batch),
+            _consumer(settings, settings.topics.incidents, incidents_group(settings), batch),
             es,
             lambda value: incident_requests(value, incidents_alias),
             dead,
@@ -423,7 +436,7 @@ def build_loops(
         loops.append(
             SinkLoop(
                 "es-sink signals",
-                _consumer(settings, settings.topics.signals, group_id(settings, ES_SINK_ROLE + "-signals"), batch),
+                _consumer(settings, settings.topics.signals, signals_group(settings), batch),
                 es,
                 lambda value: signal_requests(value, signals_alias),
                 dead,
@@ -465,3 +478,55 @@ def run_es_sink(settings: Settings, stop: threading.Event | None = None, **kwarg
         if producer is not None:
             producer.close(timeout=5)
     return loops
+
+
+def install_es_sink(app: faust.App, settings: Settings) -> None:
+    """`rootrank worker --role es-sink`: run the sink loops in threads next to the role's faust app,
+    started with it and stopped with it (SIGTERM stops the loops between batches; an unacknowledged
+    batch is simply not committed). A loop thread that dies makes the worker exit non-zero, so the
+    supervisor restarts it from the last commit."""
+    import asyncio
+
+    import mode
+
+    stop = threading.Event()
+
+    class ElasticsearchSink(mode.Service):
+        loops: list[SinkLoop]
+        threads: list[threading.Thread]
+
+        async def on_start(self) -> None:
+            self.loops = await asyncio.get_running_loop().run_in_executor(None, build_loops, settings, stop)
+            self.threads = [threading.Thread(target=loop.run, name=loop.name, daemon=True) for loop in self.loops]
+            for t in self.threads:
+                t.start()
+            log.info("es-sink: writing %s to %s", ", ".join(loop.name for loop in self.loops),
+                     settings.elasticsearch.url)
+
+        @mode.Service.timer(5.0)
+        async def _watch(self) -> None:
+            dead = [t.name for t in getattr(self, "threads", []) if not t.is_alive()]
+            if dead and not stop.is_set():
+                log.error("es-sink: %s stopped unexpectedly", ", ".join(dead))
+                await app.crash(RuntimeError(f"es-sink thread died: {dead}"))
+
+        async def on_stop(self) -> None:
+            stop.set()
+            await asyncio.get_running_loop().run_in_executor(None, self._close)
+
+        def _close(self) -> None:
+            for t in getattr(self, "threads", []):
+                t.join(timeout=30)
+            for loop in getattr(self, "loops", []):
+                try:
+                    loop.consumer.close(autocommit=False)
+                except Exception:
+                    log.debug("consumer close failed", exc_info=True)
+            loops = getattr(self, "loops", [])
+            if loops and loops[0].dead_letters.producer is not None:
+                loops[0].dead_letters.producer.close(timeout=5)
+
+    # The role's faust app runs no agent and reads no topic (the loops have their own consumers);
+    # a faust consumer with nothing to subscribe to crashes, so the app starts its producer only.
+    app.producer_only = True
+    app.service(ElasticsearchSink)

@@ -170,18 +170,21 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
     @app.agent(incidents_topic, name=AGENT_NAME)
     async def webhooks(stream: Any) -> None:
         manual = stream.noack()
-        async for event in manual.events():
-            try:
-                await sink.process(event.value, event.message.timestamp)
-            except asyncio.CancelledError:
-                raise  # stopping: the incident stays unacked and is re-read after the restart
-            except Exception:
-                # A bug, not a delivery failure (those are dead-lettered). Stop the worker rather than
-                # skip the incident: it restarts from the last commit, which is before this incident.
-                log.exception("webhook sink failed on an incident; stopping the worker")
-                await app.crash(RuntimeError("webhook sink failed"))  # type: ignore[attr-defined]
-                raise
-            await manual.ack(event)
+        try:
+            async for event in manual.events():
+                try:
+                    await sink.process(event.value, event.message.timestamp)
+                except asyncio.CancelledError:
+                    raise  # stopping: the incident stays unacked and is re-read after the restart
+                except Exception:
+                    # A bug, not a delivery failure (those are dead-lettered). Stop the worker rather than
+                    # skip the incident: it restarts from the last commit, which is before this incident.
+                    log.exception("webhook sink failed on an incident; stopping the worker")
+                    await app.crash(RuntimeError("webhook sink failed"))  # type: ignore[attr-defined]
+                    raise
+                await manual.ack(event)
+        finally:
+            await sink.dispatcher.close()
 
     @app.timer(interval=3600.0)
     async def close_idle_http() -> None:
@@ -201,6 +204,11 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
             return await self._serve(request, job_id)
 
         async def _serve(self, request: Any, job_id: str) -> Any:
+            if not app.tables.recovery.completed.is_set():
+                # Before the registrations table is recovered a GET would answer "none" and a write
+                # could not be sent: say so instead.
+                return self.json({"error": "starting: tables are being recovered"}, status=503,
+                                 headers={"Retry-After": "2"})
             body: bytes | None = None
             if request.method == "PUT":
                 declared = request.headers.get("Content-Length")
@@ -209,8 +217,21 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
                 body = await _read_bounded(request, MAX_BODY_BYTES)
                 if body is None:
                     return self.json({"error": f"body larger than {MAX_BODY_BYTES} bytes"}, status=413)
+            writing = request.method in ("PUT", "DELETE")
+            if writing:
+                await _load_changelog_metadata()
             response = await api.handle(request.method, job_id, request.headers, request.query, body)
+            if writing and response.status < 300:
+                # The table write is buffered: answer only once the broker has the changelog record,
+                # so an acknowledged registration survives a crash right after the answer.
+                await app.producer.flush()
             return self.json(response.body, status=response.status, headers=response.headers or None)
+
+    async def _load_changelog_metadata() -> None:
+        # The table picks the changelog partition synchronously from the producer's metadata,
+        # which holds only topics it has sent to: fetch it first.
+        producer = app.producer._ensure_producer()  # noqa: SLF001 - faust exposes no public accessor
+        await producer.partitions_for(registrations.changelog_topic.get_topic_name())
 
     host.page("/jobs/{job_id}/webhooks")(JobWebhooks)
 

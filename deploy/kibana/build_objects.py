@@ -36,14 +36,14 @@ def _meta(obj_type: str, obj_id: str, attributes: dict[str, Any], references: li
     }
 
 
-def data_view(obj_id: str, title: str, name: str) -> dict[str, Any]:
+def data_view(obj_id: str, title: str, name: str, formats: dict[str, Any] | None = None) -> dict[str, Any]:
     # `title` is the index expression: the write alias, which covers every rolled-over index.
     return _meta("index-pattern", obj_id, {
         "title": title,
         "name": name,
         "timeFieldName": "@timestamp",
         "allowNoIndex": True,
-        "fieldFormatMap": json.dumps({"rootrank.confidence": {"id": "percent"}}),
+        "fieldFormatMap": json.dumps(formats or {}),
     }, [], "8.0.0")
 
 
@@ -145,7 +145,8 @@ HARDWARE_QUERY = "rootrank.hardware_like : true"
 def build() -> dict[str, list[dict[str, Any]]]:
     """File name -> objects, in import order (data views before what refers to them)."""
     views = [
-        data_view(INCIDENTS_VIEW, "rootrank-incidents", "rootrank incidents"),
+        data_view(INCIDENTS_VIEW, "rootrank-incidents", "rootrank incidents",
+                  {"rootrank.confidence": {"id": "percent"}}),
         data_view(SIGNALS_VIEW, "rootrank-signals", "rootrank signals (matched lines)"),
     ]
     searches = [

@@ -12,7 +12,7 @@ from elasticsearch import Elasticsearch
 
 from correlator.cli import main
 from correlator.config import Settings
-from correlator.search import IncidentFilter, get_incident, repeat_offenders, search_incidents
+from correlator.search import IncidentFilter, repeat_offenders, search_incidents
 from correlator.sinks.elasticsearch import (
     BulkWriter,
     IndexRequest,

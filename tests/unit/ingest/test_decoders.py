@@ -22,8 +22,10 @@ from ingest.ship_format import MAX_BATCH_BYTES, encode_batch, encode_batches
 RECEIVED = datetime(2024, 6, 1, 10, 0, 5, tzinfo=UTC)
 
 
-def utc(*parts: int) -> datetime:
-    return datetime(*parts, tzinfo=UTC)  # type: ignore[misc]
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, us: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, us, tzinfo=UTC)
 
 
 def dumps(obj: object) -> bytes:
@@ -82,7 +84,9 @@ def test_fluentbit_kubernetes_cri_record() -> None:
 
 
 def test_fluentbit_docker_json_log_with_trailing_newline_and_iso_timestamp() -> None:
-    value = dumps({"@timestamp": "2024-06-01T10:00:00.000000Z", "log": "NCCL WARN something\n", "stream": "stdout"})
+    value = dumps(
+        {"@timestamp": "2024-06-01T10:00:00.000000Z", "log": "NCCL WARN something\n", "stream": "stdout"}
+    )
     [record] = decode_value(value)
     assert record == RawRecord(
         text="NCCL WARN something", source="fluentbit", stream="stdout", ts=utc(2024, 6, 1, 10, 0, 0)
@@ -93,7 +97,7 @@ def test_fluentbit_multiline_log_becomes_one_record_per_line() -> None:
     value = dumps(
         {
             "date": 1717236000.0,
-            "log": "Traceback (most recent call last):\n  File \"/a.py\", line 1, in <module>\n\nValueError: x\n",
+            "log": 'Traceback (most recent call last):\n  File "/a.py", line 1, in <module>\n\nValueError: x\n',
         }
     )
     records = decode_value(value)
@@ -213,7 +217,13 @@ def test_filebeat_filestream_record() -> None:
             "input": {"type": "filestream"},
             "ecs": {"version": "8.0.0"},
             "host": {"name": "cn-112"},
-            "agent": {"id": "a", "name": "cn-112", "type": "filebeat", "version": "8.13.4", "ephemeral_id": "e"},
+            "agent": {
+                "id": "a",
+                "name": "cn-112",
+                "type": "filebeat",
+                "version": "8.13.4",
+                "ephemeral_id": "e",
+            },
         }
     )
     assert decode_value(value) == [
@@ -239,12 +249,18 @@ def test_filebeat_container_input_with_kubernetes_metadata() -> None:
             "kubernetes": {
                 "pod": {"name": "gpt-mpi-launcher-q8x2z", "uid": "u1"},
                 "namespace": "research",
-                "labels": {"training_kubeflow_org/job-name": "gpt-mpi", "training_kubeflow_org/job-role": "launcher"},
+                "labels": {
+                    "training_kubeflow_org/job-name": "gpt-mpi",
+                    "training_kubeflow_org/job-role": "launcher",
+                },
                 "node": {"name": "cpu-node-1"},
                 "container": {"name": "mpi-launcher"},
             },
             "container": {"id": "c1", "runtime": "containerd", "image": {"name": "gpt:1"}},
-            "log": {"offset": 0, "file": {"path": "/var/log/containers/gpt-mpi-launcher-q8x2z_research_mpi-launcher-c1.log"}},
+            "log": {
+                "offset": 0,
+                "file": {"path": "/var/log/containers/gpt-mpi-launcher-q8x2z_research_mpi-launcher-c1.log"},
+            },
             "input": {"type": "container"},
             "host": {"name": "cpu-node-1"},
             "agent": {"type": "filebeat", "version": "8.13.4"},
@@ -283,7 +299,43 @@ def test_filebeat_custom_fields_give_explicit_identity() -> None:
         }
     )
     [record] = decode_value(value)
-    assert (record.job_id, record.rank, record.labels) == ("exp-42", 3, {"job_id": "exp-42", "rank": "3", "SLURM_JOB_ID": "99"})
+    assert (record.job_id, record.rank, record.labels) == (
+        "exp-42",
+        3,
+        {"job_id": "exp-42", "rank": "3", "SLURM_JOB_ID": "99"},
+    )
+
+
+def test_json_lines_value_holds_several_records() -> None:
+    value = (
+        dumps({"log": "first", "stream": "stdout"})
+        + b"\n"
+        + dumps({"message": "second", "host": "n2"})
+        + b"\n"
+    )
+    assert decode_value(value) == [
+        RawRecord(text="first", source="fluentbit", stream="stdout"),
+        RawRecord(text="second", source="vector", host="n2"),
+    ]
+
+
+def test_json_lines_value_with_a_broken_line_is_bad_json() -> None:
+    with pytest.raises(DecodeError) as info:
+        decode_value(dumps({"log": "first"}) + b'\n{"log": ')
+    assert info.value.reason == "bad_json"
+
+
+def test_json_array_of_records() -> None:
+    value = dumps([{"date": 1717236000.0, "log": "a"}, {"date": 1717236001.0, "log": "b"}])
+    assert [(r.text, r.ts) for r in decode_value(value)] == [
+        ("a", utc(2024, 6, 1, 10, 0, 0)),
+        ("b", utc(2024, 6, 1, 10, 0, 1)),
+    ]
+
+
+def test_line_that_only_looks_like_a_json_array_is_plain_text() -> None:
+    [record] = decode_value(b'[{"rank": 0}] is the placement')
+    assert record == RawRecord(text='[{"rank": 0}] is the placement')
 
 
 # --- rootrank's own batches -------------------------------------------------------------------
@@ -357,7 +409,9 @@ def test_invalid_rootrank_batches(obj: dict[str, object], reason: str) -> None:
 
 
 def test_rsyslog_file_format() -> None:
-    value = b"2024-05-01T12:00:00.123456+02:00 gpu-node-9 kernel: NVRM: Xid (PCI:0000:ca:00): 48, pid=1, DBE\n"
+    value = (
+        b"2024-05-01T12:00:00.123456+02:00 gpu-node-9 kernel: NVRM: Xid (PCI:0000:ca:00): 48, pid=1, DBE\n"
+    )
     assert decode_value(value, received_ts=RECEIVED) == [
         RawRecord(
             text="NVRM: Xid (PCI:0000:ca:00): 48, pid=1, DBE",
@@ -505,7 +559,14 @@ def test_json_with_invalid_utf8_is_repaired_not_rejected() -> None:
 
 def test_json_with_wrongly_typed_metadata_still_decodes() -> None:
     value = dumps(
-        {"log": "x", "kubernetes": "not-a-dict", "@timestamp": 1e300, "stream": 7, "rank": True, "file": ["a"]}
+        {
+            "log": "x",
+            "kubernetes": "not-a-dict",
+            "@timestamp": 1e300,
+            "stream": 7,
+            "rank": True,
+            "file": ["a"],
+        }
     )
     assert decode_value(value) == [RawRecord(text="x", source="fluentbit")]
 
@@ -521,7 +582,11 @@ def test_json_with_only_an_empty_line_gives_no_records() -> None:
     ("record", "path_regex", "expected"),
     [
         (RawRecord(text="x", job_id="explicit", labels={"job-name": "label"}, host="h"), None, "explicit"),
-        (RawRecord(text="x", labels={"training.kubeflow.org/job-name": "kf", "k8s.pod": "p-worker-0"}), None, "kf"),
+        (
+            RawRecord(text="x", labels={"training.kubeflow.org/job-name": "kf", "k8s.pod": "p-worker-0"}),
+            None,
+            "kf",
+        ),
         (RawRecord(text="x", labels={"job-name": "batchjob"}), None, "batchjob"),
         (RawRecord(text="x", labels={"kubeflow.org/job-name": "old-kf"}), None, "old-kf"),
         (RawRecord(text="x", labels={"batch.kubernetes.io/job-name": "indexed"}), None, "indexed"),
@@ -552,8 +617,11 @@ def test_to_event_combines_record_and_prefixes() -> None:
                 "@timestamp": 1717236000.0,
                 "stream": "stderr",
                 "log": "gpu-node-2:77:90 [3] NCCL WARN Cuda failure 'out of memory'",
-                "kubernetes": {"pod_name": "bert-pt-worker-3", "host": "gpu-node-2",
-                               "labels": {"training.kubeflow.org/job-name": "bert-pt"}},
+                "kubernetes": {
+                    "pod_name": "bert-pt-worker-3",
+                    "host": "gpu-node-2",
+                    "labels": {"training.kubeflow.org/job-name": "bert-pt"},
+                },
             }
         ),
         received_ts=RECEIVED,
@@ -582,8 +650,13 @@ def test_to_event_combines_record_and_prefixes() -> None:
 
 
 def test_to_event_record_fields_win_and_prefix_host_is_kept_as_origin() -> None:
-    record = RawRecord(text="(Worker pid=5, ip=10.0.0.9) [rank4]: boom", source="rootrank", host="head-node",
-                       rank=1, job_id="rl-run")
+    record = RawRecord(
+        text="(Worker pid=5, ip=10.0.0.9) [rank4]: boom",
+        source="rootrank",
+        host="head-node",
+        rank=1,
+        job_id="rl-run",
+    )
     event = to_event(record)
     assert (event.rank, event.pid, event.host, event.line) == (1, 5, "head-node", "boom")
     assert event.labels == {"origin_host": "10.0.0.9"}
@@ -610,10 +683,15 @@ def test_to_event_uses_the_given_identity_instead_of_parsing() -> None:
 
 def test_to_event_job_resolution_order() -> None:
     assert to_event(RawRecord(text="x", host="n1"), default_job="given").job_id == "given"
-    assert to_event(RawRecord(text="x", host="n1", labels={"job-name": "lab"}), default_job="given").job_id == "lab"
+    assert (
+        to_event(RawRecord(text="x", host="n1", labels={"job-name": "lab"}), default_job="given").job_id
+        == "lab"
+    )
     assert to_event(RawRecord(text="x", host="n1")).job_id == "n1"
     assert to_event(RawRecord(text="x")).job_id == "unknown"
-    assert to_event(RawRecord(text="x", file="/jobs/j7/a.log"), path_regex=r"/jobs/(?P<job>\w+)/").job_id == "j7"
+    assert (
+        to_event(RawRecord(text="x", file="/jobs/j7/a.log"), path_regex=r"/jobs/(?P<job>\w+)/").job_id == "j7"
+    )
 
 
 def test_to_event_caps_the_line_length() -> None:

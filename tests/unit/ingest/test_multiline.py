@@ -12,7 +12,10 @@ BAR = "Epoch 3:  41%|████▏     | 2050/5000 [1:02:03<1:29:30,  0.55it/s
 
 def test_tqdm_bar_with_record_glued_behind_is_split() -> None:
     glued = BAR + "[E ProcessGroupNCCL.cpp:475] [Rank 2] Watchdog caught collective operation timeout"
-    assert split_glued(glued) == [BAR, "[E ProcessGroupNCCL.cpp:475] [Rank 2] Watchdog caught collective operation timeout"]
+    assert split_glued(glued) == [
+        BAR,
+        "[E ProcessGroupNCCL.cpp:475] [Rank 2] Watchdog caught collective operation timeout",
+    ]
 
 
 def test_tqdm_bar_with_unknown_eta_and_glued_text() -> None:
@@ -50,7 +53,9 @@ def test_bar_at_end_of_line_is_left_alone() -> None:
 
 def test_interleaved_what_keeps_one_what_and_the_text() -> None:
     line = "  what():    what():  [PG 0 (default_pg) Rank 5] Process group watchdog thread terminated"
-    assert split_glued(line) == ["  what():  [PG 0 (default_pg) Rank 5] Process group watchdog thread terminated"]
+    assert split_glued(line) == [
+        "  what():  [PG 0 (default_pg) Rank 5] Process group watchdog thread terminated"
+    ]
 
 
 @pytest.mark.parametrize(

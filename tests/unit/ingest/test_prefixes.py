@@ -9,8 +9,8 @@ import pytest
 from ingest.prefixes import Identity, identity_from_path, parse_prefixes
 
 
-def utc(*parts: int) -> datetime:
-    return datetime(*parts, tzinfo=UTC)  # type: ignore[misc]
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, us: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, us, tzinfo=UTC)
 
 
 # (line, expected Identity) for every prefix style the launchers and loggers write.
@@ -27,8 +27,10 @@ GOLDEN: list[tuple[str, Identity]] = [
     ),
     # per-rank prefix stacked on c10 logging (month not zero padded, nanoseconds)
     (
-        "[rank3]:[E514 11:02:33.123456789 ProcessGroupNCCL.cpp:612] [Rank 3] Watchdog caught collective "
-        "operation timeout: WorkNCCL(SeqNum=77, OpType=ALLREDUCE) ran for 600011 milliseconds",
+        (
+            "[rank3]:[E514 11:02:33.123456789 ProcessGroupNCCL.cpp:612] [Rank 3] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=77, OpType=ALLREDUCE) ran for 600011 milliseconds"
+        ),
         Identity(
             text="[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=77, OpType=ALLREDUCE) "
             "ran for 600011 milliseconds",
@@ -61,16 +63,22 @@ GOLDEN: list[tuple[str, Identity]] = [
     # NCCL debug output: host:pid:tid [cudaDev]
     (
         "gpu-node-07:41022:41310 [5] NCCL INFO Channel 03/0 : 5[5] -> 6[6] via P2P/IPC",
-        Identity(text="NCCL INFO Channel 03/0 : 5[5] -> 6[6] via P2P/IPC", pid=41022, host="gpu-node-07", gpu="5"),
+        Identity(
+            text="NCCL INFO Channel 03/0 : 5[5] -> 6[6] via P2P/IPC", pid=41022, host="gpu-node-07", gpu="5"
+        ),
     ),
     (
         "10-3-1-8:700:702 [0] transport/net_ib.cc:88 NCCL WARN NET/IB : port down",
-        Identity(text="transport/net_ib.cc:88 NCCL WARN NET/IB : port down", pid=700, host="10-3-1-8", gpu="0"),
+        Identity(
+            text="transport/net_ib.cc:88 NCCL WARN NET/IB : port down", pid=700, host="10-3-1-8", gpu="0"
+        ),
     ),
     # NCCL line behind a bracketed timestamp (llm-d / vLLM pod logs)
     (
-        "[2025-08-02 10:11:12] infer-pod-3:99:120 [2] transport/net_ib.cc:190 NCCL WARN NET/IB : mlx5_4:1 "
-        "Got async error event: port error",
+        (
+            "[2025-08-02 10:11:12] infer-pod-3:99:120 [2] transport/net_ib.cc:190 NCCL WARN NET/IB : mlx5_4:1 "
+            "Got async error event: port error"
+        ),
         Identity(
             text="transport/net_ib.cc:190 NCCL WARN NET/IB : mlx5_4:1 Got async error event: port error",
             pid=99,
@@ -83,22 +91,29 @@ GOLDEN: list[tuple[str, Identity]] = [
     # UCX crash header
     (
         "[a1b2c3d4e5f6:4410 :0:4502] Caught signal 11 (Segmentation fault: address not mapped)",
-        Identity(text="Caught signal 11 (Segmentation fault: address not mapped)", pid=4410, host="a1b2c3d4e5f6"),
+        Identity(
+            text="Caught signal 11 (Segmentation fault: address not mapped)", pid=4410, host="a1b2c3d4e5f6"
+        ),
     ),
     # Ray worker prefixes
     (
         "(Worker pid=3301, ip=10.0.4.17) RuntimeError: CUDA error: an illegal memory access",
         Identity(text="RuntimeError: CUDA error: an illegal memory access", pid=3301, host="10.0.4.17"),
     ),
-    ("(RayWorkerVllm pid=812) Fatal Python error: Aborted", Identity(text="Fatal Python error: Aborted", pid=812)),
+    (
+        "(RayWorkerVllm pid=812) Fatal Python error: Aborted",
+        Identity(text="Fatal Python error: Aborted", pid=812),
+    ),
     (
         "(raylet) A worker died or was killed while executing a task",
         Identity(text="A worker died or was killed while executing a task"),
     ),
     # Ray prefix stacked on the per-rank prefix and c10 logging
     (
-        "(RayTrainWorker pid=777, ip=172.16.0.9) [rank4]:[E1224 13:23:05.483840160 ProcessGroupNCCL.cpp:542] "
-        "[Rank 20] NCCL error: remote process exited",
+        (
+            "(RayTrainWorker pid=777, ip=172.16.0.9) [rank4]:[E1224 13:23:05.483840160 ProcessGroupNCCL.cpp:542] "
+            "[Rank 20] NCCL error: remote process exited"
+        ),
         Identity(
             text="[Rank 20] NCCL error: remote process exited",
             rank=4,
@@ -126,15 +141,22 @@ GOLDEN: list[tuple[str, Identity]] = [
     ),
     (
         "(EngineCore_DP0 pid=5150) ERROR 10-23 09:29:42 [multiproc_executor.py:154] Worker proc VllmWorker-1 died",
-        Identity(text="Worker proc VllmWorker-1 died", pid=5150, ts=utc(2025, 10, 23, 9, 29, 42), severity="error"),
+        Identity(
+            text="Worker proc VllmWorker-1 died", pid=5150, ts=utc(2025, 10, 23, 9, 29, 42), severity="error"
+        ),
     ),
     # srun --label
-    ("7: RuntimeError: NCCL communicator was aborted", Identity(text="RuntimeError: NCCL communicator was aborted", rank=7)),
+    (
+        "7: RuntimeError: NCCL communicator was aborted",
+        Identity(text="RuntimeError: NCCL communicator was aborted", rank=7),
+    ),
     (" 3: step 5", Identity(text="step 5", rank=3)),
     # glog as written by torch elastic: severity, time without year, pid, source location
     (
-        "E0412 07:08:09.101112 4242 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: -9) "
-        "local_rank: 2 (pid: 4250) of binary: /usr/bin/python3",
+        (
+            "E0412 07:08:09.101112 4242 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: -9) "
+            "local_rank: 2 (pid: 4250) of binary: /usr/bin/python3"
+        ),
         Identity(
             text="failed (exitcode: -9) local_rank: 2 (pid: 4250) of binary: /usr/bin/python3",
             pid=4242,
@@ -191,11 +213,17 @@ GOLDEN: list[tuple[str, Identity]] = [
     # python logging / loguru timestamps
     (
         "2023-09-09 10:00:00.321 | INFO     | trainer:fit:55 - epoch 1",
-        Identity(text="INFO     | trainer:fit:55 - epoch 1", ts=utc(2023, 9, 9, 10, 0, 0, 321000), ts_has_date=True),
+        Identity(
+            text="INFO     | trainer:fit:55 - epoch 1", ts=utc(2023, 9, 9, 10, 0, 0, 321000), ts_has_date=True
+        ),
     ),
     (
         "2024-05-07 15:51:09,140 - root - INFO - Starting training step",
-        Identity(text="root - INFO - Starting training step", ts=utc(2024, 5, 7, 15, 51, 9, 140000), ts_has_date=True),
+        Identity(
+            text="root - INFO - Starting training step",
+            ts=utc(2024, 5, 7, 15, 51, 9, 140000),
+            ts_has_date=True,
+        ),
     ),
     # DeepSpeed's bracketed timestamp and level
     (
@@ -210,7 +238,9 @@ GOLDEN: list[tuple[str, Identity]] = [
     # torch elastic's old [LEVEL] ts format
     (
         "[ERROR] 2022-01-02 03:04:05,006 error_handler: {",
-        Identity(text="error_handler: {", ts=utc(2022, 1, 2, 3, 4, 5, 6000), ts_has_date=True, severity="error"),
+        Identity(
+            text="error_handler: {", ts=utc(2022, 1, 2, 3, 4, 5, 6000), ts_has_date=True, severity="error"
+        ),
     ),
     # TensorRT-LLM
     (
@@ -224,33 +254,52 @@ GOLDEN: list[tuple[str, Identity]] = [
         ),
     ),
     # dmesg: seconds since boot are not a wall-clock time
-    ("[ 9021.004411] NVRM: Xid (PCI:0000:41:00): 79, GPU has fallen off the bus.",
-     Identity(text="NVRM: Xid (PCI:0000:41:00): 79, GPU has fallen off the bus.")),
-    ("[  +0.000120] pcieport 0000:00:02.0: AER: Corrected error received",
-     Identity(text="pcieport 0000:00:02.0: AER: Corrected error received")),
+    (
+        "[ 9021.004411] NVRM: Xid (PCI:0000:41:00): 79, GPU has fallen off the bus.",
+        Identity(text="NVRM: Xid (PCI:0000:41:00): 79, GPU has fallen off the bus."),
+    ),
+    (
+        "[  +0.000120] pcieport 0000:00:02.0: AER: Corrected error received",
+        Identity(text="pcieport 0000:00:02.0: AER: Corrected error received"),
+    ),
     # dmesg -T: a wall-clock time with a date
     (
         "[Tue Jun  3 04:05:06 2025] NVRM: Xid (PCI:0000:3b:00): 48, pid=12, DBE",
-        Identity(text="NVRM: Xid (PCI:0000:3b:00): 48, pid=12, DBE", ts=utc(2025, 6, 3, 4, 5, 6), ts_has_date=True),
+        Identity(
+            text="NVRM: Xid (PCI:0000:3b:00): 48, pid=12, DBE", ts=utc(2025, 6, 3, 4, 5, 6), ts_has_date=True
+        ),
     ),
     # journalctl -k / kern.log
-    ("kernel: NVRM: Xid (PCI:0000:1a:00): 94, pid=3, Ch 00000008",
-     Identity(text="NVRM: Xid (PCI:0000:1a:00): 94, pid=3, Ch 00000008")),
+    (
+        "kernel: NVRM: Xid (PCI:0000:1a:00): 94, pid=3, Ch 00000008",
+        Identity(text="NVRM: Xid (PCI:0000:1a:00): 94, pid=3, Ch 00000008"),
+    ),
     (
         "Jun  2 13:13:04 gpu-node-4 kernel: NVRM: Xid (PCI:0000:1a:00): 63, Row Remapper",
-        Identity(text="NVRM: Xid (PCI:0000:1a:00): 63, Row Remapper", host="gpu-node-4",
-                 ts=utc(2025, 6, 2, 13, 13, 4)),
+        Identity(
+            text="NVRM: Xid (PCI:0000:1a:00): 63, Row Remapper",
+            host="gpu-node-4",
+            ts=utc(2025, 6, 2, 13, 13, 4),
+        ),
     ),
     # `grep PATTERN *.log` output: the file name goes, the prefixes behind it are parsed
     (
         "infer-pod-2.log:[2025-09-17 15:16:23] infer-pod-2:311:405 [0] transport/net_ib.cc:199 NCCL WARN x",
-        Identity(text="transport/net_ib.cc:199 NCCL WARN x", pid=311, host="infer-pod-2", gpu="0",
-                 ts=utc(2025, 9, 17, 15, 16, 23), ts_has_date=True),
+        Identity(
+            text="transport/net_ib.cc:199 NCCL WARN x",
+            pid=311,
+            host="infer-pod-2",
+            gpu="0",
+            ts=utc(2025, 9, 17, 15, 16, 23),
+            ts_has_date=True,
+        ),
     ),
     # metaflow: timestamp, [run/step/task (pid N)], [uuid], then the app's own timestamp
     (
-        "2023-05-01 01:02:03.456 [12/train/34 (pid 9876)] [0a1b2c3d-0000-4444-8888-123456789abc] "
-        "2023-05-01 01:02:03 ERROR [__main__] OSError: [Errno 28] No space left on device",
+        (
+            "2023-05-01 01:02:03.456 [12/train/34 (pid 9876)] [0a1b2c3d-0000-4444-8888-123456789abc] "
+            "2023-05-01 01:02:03 ERROR [__main__] OSError: [Errno 28] No space left on device"
+        ),
         Identity(
             text="ERROR [__main__] OSError: [Errno 28] No space left on device",
             pid=9876,
@@ -279,12 +328,14 @@ NOT_PREFIXES = [
     "(1) In PyTorch 2.6, we changed the default value",
     "(base) user@box:~$ nvidia-smi",
     "{'loss': 1.23, 'grad_norm': 0.5, 'epoch': 0.1}",
-    "  File \"/usr/lib/python3.10/queue.py\", line 180, in get",
+    '  File "/usr/lib/python3.10/queue.py", line 180, in get',
     " 3 0x0000000000008609 start_thread()  ???:0",
     "frame #4: <unknown function> + 0xdbbf4 (0x7f in libstdc++.so.6)",
     "Traceback (most recent call last):",
     "May 10  17:16:33.739",
     "[12] Timeout",
+    "INFO     | __main__:train:26 - Start Train",
+    "Params | 124 M",
     "",
 ]
 
@@ -345,7 +396,10 @@ def test_all_timestamps_are_utc_aware() -> None:
         ("/logs/train_rank_03.txt", {"rank": 3}),
         ("/logs/rank-12/stdout.log", {"rank": 12}),
         ("/logs/local_rank5.log", {"local_rank": 5}),
-        ("/var/log/pods/llama-ft-worker-2.log", {"job_id": "llama-ft", "pod_index": 2, "host": "llama-ft-worker-2"}),
+        (
+            "/var/log/pods/llama-ft-worker-2.log",
+            {"job_id": "llama-ft", "pod_index": 2, "host": "llama-ft-worker-2"},
+        ),
         ("/k8s/bert-pt-master-0/main.log", {"job_id": "bert-pt", "pod_index": 0, "host": "bert-pt-master-0"}),
         ("/k8s/mpi-job-launcher-x7k2p.log", {"job_id": "mpi-job", "host": "mpi-job-launcher-x7k2p"}),
         ("/shared/logs/worker-2.log", {"pod_index": 2}),

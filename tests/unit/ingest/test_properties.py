@@ -30,7 +30,9 @@ lines = st.lists(st.sampled_from(PREFIX_BITS) | st.text(max_size=20), max_size=8
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=30)
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=12,
 )
 FORWARDER_KEYS = [

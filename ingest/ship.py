@@ -1,0 +1,796 @@
+"""`rootrank ship`: send log lines to Kafka from files, stdin, or a wrapped command.
+
+    rootrank ship --job J --file rank0.log --follow      follow files (rotation-aware, resumes)
+    some_command 2>&1 | rootrank ship --job J             read stdin
+    rootrank ship --job J --rank 3 -- python train.py     wrap a command
+
+Design, from the wrapped process's point of view: it must never wait for us. Its stdout/stderr
+are read by one thread per pipe in large chunks, written straight through to our stdout/stderr,
+and handed to a bounded in-memory queue that spills to a disk file when the batcher falls behind;
+nothing on that path waits for the network. A batcher thread splits chunks into lines and packs
+them into messages (ship_format: identity once per message, each line `[ts, stream, text]`,
+bounded by size and by a linger time). Messages go to Kafka with acks=all and compression; while
+Kafka is down or slow they go to a bounded disk spool that a drain thread sends, in order, when
+the broker is back, also after a restart of the shipper. Positions of followed files are saved
+only once the lines before them are acknowledged by Kafka or safe in the spool, so a restart
+resumes without losing a line (and re-sends at most a few, which the worker recognises by the
+batch's stable line offsets).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+from ingest.ship_format import MAX_BATCH_BYTES, encode_batch
+from ingest.spool import Spool
+
+log = logging.getLogger("rootrank.ship")
+
+READ_CHUNK = 1024 * 1024
+F_SETPIPE_SZ = 1031  # Linux: grow a pipe's buffer so a burst from the child fits while we are busy
+PIPE_BYTES = 1024 * 1024
+
+
+@dataclass
+class ShipOptions:
+    kafka: dict[str, Any] = field(default_factory=lambda: {"bootstrap_servers": "127.0.0.1:9092"})
+    topic: str = "rootrank.logs"
+    job_id: str | None = None
+    host: str | None = None  # default: this machine's name
+    rank: int | None = None
+    local_rank: int | None = None
+    attempt: int | None = None  # default: TORCHELASTIC_RESTART_COUNT when set
+    labels: dict[str, str] = field(default_factory=dict)
+    batch_max_bytes: int = 256 * 1024
+    linger_s: float = 0.5
+    compression: str = "auto"  # auto | gzip | lz4 | snappy | zstd | none
+    idempotence: bool = True
+    state_dir: Path = Path(".rootrank-ship")
+    spool_max_bytes: int = 1024 * 1024 * 1024
+    queue_max_bytes: int = 64 * 1024 * 1024
+    drain_timeout_s: float = 30.0
+    follow: bool = False
+    tee: bool = False
+    poll_s: float = 0.2
+    send_timeout_s: float = 30.0
+
+
+@dataclass
+class ShipStats:
+    lines: int = 0
+    messages: int = 0
+    acked_messages: int = 0
+    acked_lines: int = 0
+    spooled_messages: int = 0
+    dropped_messages: int = 0
+    dropped_lines: int = 0
+    pending_messages: int = 0  # still in the spool at exit (sent by the next run)
+
+
+# --- sources and chunks -------------------------------------------------------------------------
+
+
+@dataclass
+class Source:
+    """One stream of lines: a followed file, stdin, or one pipe of the wrapped command."""
+
+    id: int
+    name: str  # file path, "stdin", "stdout" or "stderr"
+    stream: str | None = None
+    file: str | None = None
+    pid: int | None = None
+    carry: bytes = b""
+    next_line: int = 0  # line number (in this stream) of the next line
+    # Followed files: where the next unsent line starts, and which inode that is in.
+    inode: int | None = None
+    pos: int = 0
+
+
+@dataclass(slots=True)
+class Chunk:
+    source_id: int
+    data: bytes
+    read_ts: float | None  # None: bytes that were in the file before we started (time unknown)
+    end_pos: int | None = None  # file position after `data`
+    inode: int | None = None
+    eof: bool = False  # end of this stream (or of one file generation): the carry is a last line
+
+
+_CHUNK_HEADER = struct.Struct(">HdqQ?")
+
+
+def _pack_chunk(chunk: Chunk) -> bytes:
+    return _CHUNK_HEADER.pack(
+        chunk.source_id,
+        chunk.read_ts if chunk.read_ts is not None else -1.0,
+        chunk.end_pos if chunk.end_pos is not None else -1,
+        chunk.inode or 0,
+        chunk.eof,
+    ) + chunk.data
+
+
+def _unpack_chunk(raw: bytes) -> Chunk:
+    source_id, ts, end_pos, inode, eof = _CHUNK_HEADER.unpack_from(raw)
+    return Chunk(source_id, raw[_CHUNK_HEADER.size :], None if ts < 0 else ts, None if end_pos < 0 else end_pos,
+                 inode or None, eof)
+
+
+class ChunkQueue:
+    """FIFO between the readers and the batcher. `put` never blocks: past `max_bytes` in memory,
+    chunks go to a disk file (and keep going there until the batcher caught up, to stay in order)."""
+
+    def __init__(self, max_bytes: int, overflow_dir: Path, overflow_max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: collections.deque[Chunk] = collections.deque()
+        self._bytes = 0
+        self._cond = threading.Condition()
+        self._overflow_dir = overflow_dir
+        self._overflow_max = overflow_max_bytes
+        self._overflow: Spool | None = None
+        self.dropped_bytes = 0
+
+    def put(self, chunk: Chunk) -> None:
+        with self._cond:
+            overflowing = self._overflow is not None and len(self._overflow) > 0
+            if not overflowing and self._bytes + len(chunk.data) <= self.max_bytes:
+                self._items.append(chunk)
+                self._bytes += len(chunk.data)
+            else:
+                if self._overflow is None:
+                    self._overflow = Spool(self._overflow_dir, self._overflow_max)
+                if not self._overflow.append(_pack_chunk(chunk)):
+                    self.dropped_bytes += len(chunk.data)
+            self._cond.notify()
+
+    def get(self, timeout: float) -> Chunk | None:
+        with self._cond:
+            if not self._items and not (self._overflow is not None and len(self._overflow)):
+                self._cond.wait(timeout)
+            if self._items:
+                chunk = self._items.popleft()
+                self._bytes -= len(chunk.data)
+                return chunk
+            if self._overflow is not None and len(self._overflow):
+                raw = self._overflow.peek()
+                self._overflow.pop()
+                return _unpack_chunk(raw) if raw is not None else None
+            return None
+
+    def close(self) -> None:
+        if self._overflow is not None:
+            self._overflow.close()
+
+
+# --- messages, the sender and the spool -----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Message:
+    seq: int
+    key: bytes
+    value: bytes
+    timestamp_ms: int
+    lines: int
+    on_durable: Callable[[int], None] | None = None
+
+
+_SPOOL_HEADER = struct.Struct(">qIH")
+
+
+def _pack_message(message: Message) -> bytes:
+    return _SPOOL_HEADER.pack(message.timestamp_ms, message.lines, len(message.key)) + message.key + message.value
+
+
+def _unpack_message(raw: bytes) -> Message:
+    ts, lines, key_len = _SPOOL_HEADER.unpack_from(raw)
+    start = _SPOOL_HEADER.size
+    return Message(-1, raw[start : start + key_len], raw[start + key_len :], ts, lines)
+
+
+def _compression(name: str) -> str | None:
+    if name == "none":
+        return None
+    if name != "auto":
+        return name
+    try:
+        import lz4  # noqa: F401
+
+        return "lz4"
+    except ImportError:
+        return "gzip"
+
+
+class Sender:
+    """Messages to Kafka, or to the disk spool while Kafka cannot take them; drains the spool in order."""
+
+    def __init__(self, options: ShipOptions, spool: Spool, stats: ShipStats) -> None:
+        self.options = options
+        self.spool = spool
+        self.stats = stats
+        self._producer: Any = None
+        self._lock = threading.Lock()
+        # Spooling: everything goes to the spool (broker down, or the spool is not drained yet,
+        # so new messages queue behind the old ones).
+        self._spooling = True
+        self._in_flight = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._drainer = threading.Thread(target=self._drain_loop, name="ship-drain", daemon=True)
+        self._drainer.start()
+
+    # --- producer ------------------------------------------------------------------------------
+
+    def _make_producer(self) -> Any:
+        from kafka import KafkaProducer
+
+        config = dict(self.options.kafka)
+        config.update(
+            acks="all",
+            compression_type=_compression(self.options.compression),
+            enable_idempotence=self.options.idempotence,
+            linger_ms=5,
+            batch_size=max(16384, self.options.batch_max_bytes + 4096),
+            max_request_size=max(1024 * 1024, 2 * MAX_BATCH_BYTES),
+            # send() must not stall the batcher for long when the broker is gone: spool instead.
+            max_block_ms=2000,
+            request_timeout_ms=int(min(self.options.send_timeout_s, 30.0) * 1000),
+            delivery_timeout_ms=int(max(self.options.send_timeout_s, 31.0) * 1000),
+            bootstrap_timeout_ms=5000,
+            client_id=f"rootrank-ship-{socket.gethostname()}",
+        )
+        return KafkaProducer(**config)
+
+    def _ensure_producer(self) -> Any:
+        if self._producer is None:
+            self._producer = self._make_producer()
+        return self._producer
+
+    # --- sending ---------------------------------------------------------------------------------
+
+    def submit(self, message: Message) -> None:
+        self.stats.messages += 1
+        with self._lock:
+            spooling = self._spooling or self._producer is None
+        if spooling:
+            self._to_spool(message)
+            return
+        try:
+            future = self._producer.send(self.options.topic, key=message.key, value=message.value,
+                                         timestamp_ms=message.timestamp_ms)
+        except Exception as exc:  # buffer full / no metadata: the broker is not taking messages
+            log.debug("send failed (%s); spooling", exc)
+            self._start_spooling()
+            self._to_spool(message)
+            return
+        with self._lock:
+            self._in_flight += 1
+        future.add_callback(self._on_ack, message)
+        future.add_errback(self._on_error, message)
+
+    def _on_ack(self, message: Message, _metadata: Any) -> None:
+        with self._lock:
+            self._in_flight -= 1
+        self.stats.acked_messages += 1
+        self.stats.acked_lines += message.lines
+        if message.on_durable:
+            message.on_durable(message.seq)
+
+    def _on_error(self, message: Message, exc: BaseException) -> None:
+        log.debug("delivery failed (%s); spooling", exc)
+        with self._lock:
+            self._in_flight -= 1
+        self._start_spooling()
+        self._to_spool(message)
+
+    def _start_spooling(self) -> None:
+        with self._lock:
+            self._spooling = True
+        self._wake.set()
+
+    def _to_spool(self, message: Message) -> None:
+        if self.spool.append(_pack_message(message)):
+            self.stats.spooled_messages += 1
+        else:
+            self.stats.dropped_messages += 1
+            self.stats.dropped_lines += message.lines
+            log.warning("spool full (%d bytes): dropped a message of %d lines", self.spool.max_bytes, message.lines)
+        # Durable either way: spooled, or knowingly dropped (a full spool must not stall the input).
+        if message.on_durable:
+            message.on_durable(message.seq)
+        self._wake.set()
+
+    def _drain_loop(self) -> None:
+        """Send the spool head-first, a window of messages at a time; pop each once acknowledged."""
+        backoff = 0.2
+        last_problem = ""
+        while not self._stop.is_set():
+            if not len(self.spool):
+                with self._lock:
+                    if self._producer is not None:
+                        self._spooling = False
+                if self._producer is not None:
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+            try:
+                producer = self._ensure_producer()
+                window = [_unpack_message(raw) for raw in self.spool.peek_many(64)]
+                if not window:
+                    continue
+                futures = [
+                    producer.send(self.options.topic, key=m.key, value=m.value, timestamp_ms=m.timestamp_ms)
+                    for m in window
+                ]
+                for message, future in zip(window, futures):
+                    future.get(timeout=self.options.send_timeout_s)
+                    self.spool.pop()
+                    self.stats.acked_messages += 1
+                    self.stats.acked_lines += message.lines
+                backoff = 0.2
+                if last_problem:
+                    log.warning("Kafka is taking messages again; %d still spooled", len(self.spool))
+                    last_problem = ""
+            except Exception as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+                if problem != last_problem:  # say it once, not on every retry
+                    log.warning("Kafka not taking messages (%s); spooling, retrying", problem)
+                    last_problem = problem
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    # --- ending ----------------------------------------------------------------------------------
+
+    def close(self, timeout_s: float) -> None:
+        """Send what is in flight and in the spool for up to `timeout_s`; the rest stays spooled."""
+        deadline = time.monotonic() + timeout_s
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                self._producer.flush(timeout=max(0.1, deadline - time.monotonic()))
+        while time.monotonic() < deadline:
+            with self._lock:
+                idle = self._in_flight == 0
+            if idle and not len(self.spool):
+                break
+            self._wake.set()
+            time.sleep(0.05)
+        self._stop.set()
+        self._wake.set()
+        self._drainer.join(timeout=max(1.0, self.options.send_timeout_s))
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                self._producer.close(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+        self.stats.pending_messages = len(self.spool)
+        self.spool.close()
+
+
+# --- positions of followed files --------------------------------------------------------------------
+
+
+class Positions:
+    """Where each followed file's next unsent line starts; advanced in order, only over durable messages."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self.saved: dict[str, dict[str, int]] = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            self.saved = {}
+        self._pending: dict[str, collections.deque[list[Any]]] = {}
+        self._dirty = False
+
+    def get(self, name: str) -> dict[str, int] | None:
+        return self.saved.get(name)
+
+    def expect(self, name: str, seq: int, position: dict[str, int]) -> None:
+        with self._lock:
+            self._pending.setdefault(name, collections.deque()).append([seq, position, False])
+
+    def durable(self, name: str, seq: int) -> None:
+        with self._lock:
+            queue = self._pending.get(name)
+            if not queue:
+                return
+            for item in queue:
+                if item[0] == seq:
+                    item[2] = True
+                    break
+            while queue and queue[0][2]:
+                self.saved[name] = queue.popleft()[1]
+                self._dirty = True
+
+    def save(self) -> None:
+        with self._lock:
+            if not self._dirty:
+                return
+            data = orjson.dumps(self.saved)
+            self._dirty = False
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, self.path)
+
+
+# --- the batcher --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Batch:
+    lines: list[tuple[float | None, str | None, str]] = field(default_factory=list)
+    size: int = 0
+    first_line: int = 0
+    started: float = 0.0
+    position: dict[str, int] | None = None
+
+
+class Batcher:
+    """Chunks -> lines -> messages, one open batch per source; flushes on size and on linger time."""
+
+    def __init__(self, options: ShipOptions, sources: dict[int, Source], queue: ChunkQueue, sender: Sender,
+                 positions: Positions | None, stats: ShipStats) -> None:
+        self.options = options
+        self.sources = sources
+        self.queue = queue
+        self.sender = sender
+        self.positions = positions
+        self.stats = stats
+        self._batches: dict[int, _Batch] = {}
+        self._seq = 0
+        self._open_sources = set(sources)
+        self._host = options.host or socket.gethostname()
+
+    def run(self, stop: threading.Event) -> None:
+        """Until every source ended (or `stop` is set and the queue is empty)."""
+        while self._open_sources:
+            chunk = self.queue.get(timeout=self._next_deadline())
+            if chunk is not None:
+                self._take(chunk)
+            elif stop.is_set():
+                break
+            self._flush_old()
+        for source_id in list(self._batches):
+            self._flush(source_id)
+
+    def _next_deadline(self) -> float:
+        if not self._batches:
+            return 0.5
+        oldest = min(b.started for b in self._batches.values())
+        return max(0.01, oldest + self.options.linger_s - time.monotonic())
+
+    def _take(self, chunk: Chunk) -> None:
+        source = self.sources[chunk.source_id]
+        data = source.carry + chunk.data if source.carry else chunk.data
+        parts = data.split(b"\n")
+        source.carry = parts.pop()
+        if chunk.eof and source.carry:
+            parts.append(source.carry)
+            source.carry = b""
+        if chunk.inode is not None:
+            source.inode = chunk.inode
+        if chunk.end_pos is not None:
+            source.pos = chunk.end_pos - len(source.carry)
+        if parts:
+            self._add_lines(source, parts, chunk.read_ts)
+        elif chunk.end_pos is not None and source.id in self._batches:
+            self._batches[source.id].position = self._position(source)
+        if chunk.eof and chunk.end_pos is None:  # the stream ended (files: one generation ended)
+            self._flush(source.id)
+            self._open_sources.discard(source.id)
+        elif chunk.eof:
+            self._flush(source.id)
+
+    def _position(self, source: Source) -> dict[str, int] | None:
+        if source.file is None or source.inode is None:
+            return None
+        return {"inode": source.inode, "pos": source.pos, "line": source.next_line}
+
+    def _add_lines(self, source: Source, parts: list[bytes], read_ts: float | None) -> None:
+        stream = source.stream
+        max_bytes = self.options.batch_max_bytes
+        batch = self._batches.get(source.id)
+        for raw in parts:
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            if not raw.strip():
+                source.next_line += 1  # blank lines keep their number, so offsets match the file
+                continue
+            text = raw.decode("utf-8", "replace")
+            size = len(raw) + 32
+            if batch is not None and batch.size + size > max_bytes:
+                self._flush(source.id)
+                batch = None
+            if batch is None:
+                batch = _Batch(first_line=source.next_line, started=time.monotonic())
+                self._batches[source.id] = batch
+            if not batch.lines:
+                batch.first_line = source.next_line
+            batch.lines.append((read_ts, stream, text))
+            batch.size += size
+            source.next_line += 1
+            self.stats.lines += 1
+        if batch is not None:
+            batch.position = self._position(source)
+
+    def _flush_old(self) -> None:
+        now = time.monotonic()
+        for source_id, batch in list(self._batches.items()):
+            if now - batch.started >= self.options.linger_s:
+                self._flush(source_id)
+
+    def _flush(self, source_id: int) -> None:
+        batch = self._batches.pop(source_id, None)
+        if batch is None or not batch.lines:
+            return
+        source = self.sources[source_id]
+        o = self.options
+        values = [encode_batch(
+            batch.lines, job_id=o.job_id, host=self._host, rank=o.rank, local_rank=o.local_rank,
+            pid=source.pid, attempt=o.attempt, file=source.file, labels=o.labels, offset=batch.first_line,
+        )]
+        if len(values[0]) > MAX_BATCH_BYTES:  # a few very long lines: split to stay under the limit
+            from ingest.ship_format import encode_batches
+
+            values = encode_batches(
+                batch.lines, job_id=o.job_id, host=self._host, rank=o.rank, local_rank=o.local_rank,
+                pid=source.pid, attempt=o.attempt, file=source.file, labels=o.labels, offset=batch.first_line,
+            )
+        key = f"{o.job_id or ''}|{self._host}|{source.name}".encode()
+        now_ms = int(time.time() * 1000)
+        for index, value in enumerate(values):
+            self._seq += 1
+            seq = self._seq
+            on_durable = None
+            if self.positions is not None and batch.position is not None and index == len(values) - 1:
+                self.positions.expect(source.name, seq, batch.position)
+                name = source.name
+                positions = self.positions
+                on_durable = lambda s, name=name, positions=positions: positions.durable(name, s)  # noqa: E731
+            lines = len(batch.lines) if len(values) == 1 else (len(batch.lines) if index == 0 else 0)
+            self.sender.submit(Message(seq, key, value, now_ms, lines, on_durable))
+
+
+# --- readers -----------------------------------------------------------------------------------------
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    """Pass bytes through; False once the other side is gone (then we only ship)."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            time.sleep(0.001)
+            continue
+        except (BrokenPipeError, OSError):
+            return False
+        view = view[n:]
+    return True
+
+
+def pipe_reader(fd: int, source: Source, queue: ChunkQueue, passthrough_fd: int | None) -> None:
+    """Read a pipe until EOF: pass every chunk through first, then queue it. Never waits on Kafka."""
+    passing = passthrough_fd is not None
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+    while True:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            break
+        if passing:
+            passing = _write_all(passthrough_fd, data)  # type: ignore[arg-type]
+        queue.put(Chunk(source.id, data, time.time()))
+    queue.put(Chunk(source.id, b"", time.time(), eof=True))
+
+
+def file_reader(path: Path, source: Source, queue: ChunkQueue, positions: Positions, options: ShipOptions,
+                stop: threading.Event) -> None:
+    """Read a file from its saved position; with `follow`, keep reading across rotation and truncation."""
+    saved = positions.get(source.name)
+    f: BinaryIO | None = None
+    while f is None:
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            if not options.follow or stop.is_set():
+                log.warning("%s: no such file", path)
+                queue.put(Chunk(source.id, b"", None, eof=True))
+                return
+            stop.wait(options.poll_s)
+    st = os.fstat(f.fileno())
+    pos = 0
+    if saved and saved.get("inode") == st.st_ino and saved.get("pos", 0) <= st.st_size:
+        pos = int(saved["pos"])
+        source.next_line = int(saved.get("line", 0))
+        f.seek(pos)
+    inode = st.st_ino
+    backlog_end = st.st_size  # bytes written before we started: their time is unknown
+    while True:
+        data = f.read(READ_CHUNK)
+        if data:
+            live = pos >= backlog_end
+            pos += len(data)
+            queue.put(Chunk(source.id, data, time.time() if live else None, end_pos=pos, inode=inode))
+            continue
+        if not options.follow or stop.is_set():
+            break
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:  # rotated away, the new one not created yet
+            stop.wait(options.poll_s)
+            continue
+        if st.st_ino != inode:
+            # Rotated: the old generation is read to its end; its last partial line is a line.
+            queue.put(Chunk(source.id, b"", time.time(), end_pos=pos, inode=inode, eof=True))
+            f.close()
+            f = open(path, "rb")
+            inode, pos, backlog_end = os.fstat(f.fileno()).st_ino, 0, 0
+            continue
+        if st.st_size < pos:  # truncated in place (copytruncate)
+            queue.put(Chunk(source.id, b"", time.time(), end_pos=pos, inode=inode, eof=True))
+            f.seek(0)
+            pos, backlog_end = 0, 0
+            continue
+        stop.wait(options.poll_s)
+    f.close()
+    queue.put(Chunk(source.id, b"", None, eof=True))
+
+
+# --- running ---------------------------------------------------------------------------------------------
+
+
+def _state_key(options: ShipOptions, files: Sequence[str], command: Sequence[str]) -> str:
+    basis = orjson.dumps([options.job_id, options.rank, options.topic, sorted(str(Path(f).resolve()) for f in files),
+                          list(command[:1])])
+    return hashlib.sha1(basis).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _locked_dir(base: Path, name: str) -> Iterator[Path]:
+    """A state folder only this process uses (a second shipper with the same inputs gets its own)."""
+    base.mkdir(parents=True, exist_ok=True)
+    candidates = [base / name, base / f"{name}-{os.getpid()}"]
+    for path in candidates:
+        path.mkdir(parents=True, exist_ok=True)
+        lock = open(path / "lock", "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        try:
+            yield path
+        finally:
+            lock.close()
+        return
+    raise RuntimeError(f"no free state folder under {base}")
+
+
+def run_ship(options: ShipOptions, *, files: Sequence[str] = (), command: Sequence[str] = ()) -> int:
+    """Ship until the input ends (or, following files, until SIGINT/SIGTERM). Returns the exit code:
+    the wrapped command's, else 0 (1 when lines were dropped because the spool was full)."""
+    if options.attempt is None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "").isdigit():
+        options.attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    # Hand the GIL over quickly, so the pipe readers run as soon as the child writes.
+    sys.setswitchinterval(0.001)
+    with _locked_dir(Path(options.state_dir), _state_key(options, files, command)) as state:
+        return _run(options, state, list(files), list(command))
+
+
+def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]) -> int:
+    stats = ShipStats()
+    spool = Spool(state / "spool", options.spool_max_bytes)
+    queue = ChunkQueue(options.queue_max_bytes, state / "overflow", options.spool_max_bytes)
+    positions = Positions(state / "positions.json")
+    sender = Sender(options, spool, stats)
+    stop = threading.Event()
+    sources: dict[int, Source] = {}
+    threads: list[threading.Thread] = []
+    child: subprocess.Popen[bytes] | None = None
+
+    def add_source(**kw: Any) -> Source:
+        source = Source(id=len(sources), **kw)
+        sources[source.id] = source
+        return source
+
+    if command:
+        try:
+            child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+        except OSError as exc:
+            print(f"rootrank ship: cannot run {command[0]}: {exc}", file=sys.stderr)
+            return 127
+        assert child.stdout is not None and child.stderr is not None
+        for name, pipe, out_fd in (("stdout", child.stdout, 1), ("stderr", child.stderr, 2)):
+            source = add_source(name=name, stream=name, pid=child.pid)
+            threads.append(threading.Thread(target=pipe_reader, args=(pipe.fileno(), source, queue, out_fd),
+                                            name=f"ship-{name}", daemon=True))
+    elif files:
+        for path in files:
+            source = add_source(name=str(Path(path).resolve()), file=path)
+            threads.append(threading.Thread(target=file_reader,
+                                            args=(Path(path), source, queue, positions, options, stop),
+                                            name=f"ship-file-{source.id}", daemon=True))
+    else:
+        source = add_source(name="stdin")
+        threads.append(threading.Thread(target=pipe_reader,
+                                        args=(sys.stdin.fileno(), source, queue, 1 if options.tee else None),
+                                        name="ship-stdin", daemon=True))
+
+    batcher = Batcher(options, sources, queue, sender, positions, stats)
+    batcher_thread = threading.Thread(target=batcher.run, args=(stop,), name="ship-batcher", daemon=True)
+
+    def forward(signum: int, _frame: Any) -> None:
+        if child is not None and child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
+        else:
+            stop.set()
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        if signum == signal.SIGINT and child is not None:
+            # The terminal already sends Ctrl-C to the whole foreground group, the child included.
+            previous[signum] = signal.signal(signum, signal.SIG_IGN)
+        else:
+            previous[signum] = signal.signal(signum, forward)
+
+    for thread in threads:
+        thread.start()
+    batcher_thread.start()
+    saver_stop = threading.Event()
+
+    def save_positions() -> None:
+        while not saver_stop.wait(1.0):
+            positions.save()
+
+    saver = threading.Thread(target=save_positions, name="ship-positions", daemon=True)
+    saver.start()
+    code = 0
+    try:
+        if child is not None:
+            code = child.wait()
+            if code < 0:
+                code = 128 - code  # killed by a signal: report it like a shell does
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)
+        batcher_thread.join()
+    finally:
+        stop.set()
+        sender.close(options.drain_timeout_s)
+        saver_stop.set()
+        positions.save()
+        queue.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    print(
+        f"rootrank ship: {stats.lines} lines in {stats.messages} messages; "
+        f"{stats.acked_messages} acknowledged, {stats.spooled_messages} went through the spool, "
+        f"{stats.pending_messages} still spooled in {state / 'spool'}"
+        + (f", {stats.dropped_lines} lines dropped (spool full)" if stats.dropped_lines else ""),
+        file=sys.stderr,
+    )
+    if code == 0 and (stats.dropped_lines or queue.dropped_bytes):
+        return 1
+    return code

@@ -1,0 +1,284 @@
+"""The webhook sink as a real worker process: Tansu broker, faust worker, local HTTP receiver.
+
+Each test starts its own broker, receiver and worker (`python -m correlator.agents.webhook_sink`),
+restarts or kills the worker where the scenario says so, and stops everything it started.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from correlator import cli
+from correlator.models import Incident
+from correlator.webhooks.receivers.generic_json import generate_secret
+from tests.fixtures.http_receiver import HttpReceiver
+from tests.fixtures.kafka import create_topics, env_without_proxies, free_port, produce, read_topic
+from tests.unit.webhooks.incidents import make_incident
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "it-api-token-5b1c9e"
+INCIDENTS = "rootrank.incidents"
+DEADLETTER = "rootrank.webhooks.deadletter"
+PARTITIONS = 2
+
+
+class SinkWorker:
+    """`python -m correlator.agents.webhook_sink` in a subprocess, with its log in a file."""
+
+    def __init__(self, config: Path, log: Path) -> None:
+        self.config = config
+        self.log = log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 120.0) -> float:
+        """Start and wait until the API answers (tables recovered); returns the seconds that took."""
+        started = time.monotonic()
+        env = {k: v for k, v in env_without_proxies().items() if not k.startswith("ROOTRANK_")}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "correlator.agents.webhook_sink", "--config", str(self.config),
+                 "--web-port", str(self.port), "--loglevel", "INFO"],
+                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        while True:
+            assert self.proc.poll() is None, f"worker exited: {self.log_tail()}"
+            if self.api("GET", "readiness-probe", token=None)[0] == 200:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise AssertionError(f"worker not ready in {timeout}s: {self.log_tail()}")
+            time.sleep(0.3)
+
+    def stop(self, *, kill: bool = False) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+    def api(self, method: str, job_id: str, body: Any = None, *, token: str | None = TOKEN) -> tuple[int, Any]:
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.url}/jobs/{job_id}/webhooks", data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return 0, None
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_text()[-chars:]
+
+
+@pytest.fixture
+def sink_worker(tansu_broker: str, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    """A factory: sink_worker(webhooks settings) -> SinkWorker (not started); stopped at teardown."""
+    create_topics(tansu_broker, [INCIDENTS, DEADLETTER], partitions=PARTITIONS)
+    workers: list[SinkWorker] = []
+
+    def make(webhooks: dict[str, Any]) -> SinkWorker:
+        config = {
+            "app_id": f"rr-{request.node.name[:40]}",
+            "kafka": {"bootstrap_servers": str(tansu_broker), "session_timeout_s": 6, "producer_max_batch_size": 1},
+            "topics": {"partitions": PARTITIONS},
+            "data_dir": str(tmp_path / "data"),
+            "webhooks": {"api_token": TOKEN, "kibana_base_url": "https://kibana.example.com", **webhooks},
+        }
+        path = tmp_path / "rootrank.yaml"
+        path.write_text(yaml.safe_dump(config))
+        worker = SinkWorker(path, tmp_path / "worker.log")
+        workers.append(worker)
+        return worker
+
+    yield make
+    for worker in workers:
+        worker.stop()
+
+
+def publish(broker: str, *incidents: Incident) -> None:
+    for incident in incidents:
+        produce(broker, INCIDENTS, [incident.model_dump_json(by_alias=True).encode()],
+                key=incident.incident_id.encode())
+
+
+def ids_at(receiver: HttpReceiver, path: str) -> list[str | None]:
+    return [r.webhook_id for r in receiver.requests if r.path == path]
+
+
+def assert_no_secrets(text: str, *secrets: str) -> None:
+    for secret in secrets:
+        assert secret not in text
+
+
+def test_registrations_survive_a_restart_and_each_job_gets_only_its_incidents(
+    tansu_broker: str, http_receiver: HttpReceiver, sink_worker: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = generate_secret()
+    http_receiver.expect_secret(secret)
+    worker = sink_worker({"delivery": {"initial_backoff_s": 0.2, "max_backoff_s": 1, "budget_s": 60}})
+    first_start = worker.start()
+
+    # The HTTP API, over real HTTP: token for writes, input validated.
+    assert worker.api("PUT", "job-a", {"url": http_receiver.url("/a")}, token=None)[0] == 401
+    assert worker.api("PUT", "job-a", {"url": http_receiver.url("/a")}, token="wrong")[0] == 401
+    assert worker.api("PUT", "job-a", {"url": "ftp://example.com/x"})[0] == 422
+    assert worker.api("PUT", "..", {"url": http_receiver.url("/a")})[0] in (400, 404)
+    status, created = worker.api("PUT", "job-a", {"url": http_receiver.url("/a"), "secret": secret})
+    assert status == 201 and created["webhook"]["signed"] is True
+
+    # The CLI, against the same worker.
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(secret)
+    common = ["--api", worker.url, "--token-file", str(token_file)]
+    assert cli.main(["webhooks", "add", "--job", "job-b", http_receiver.url("/b"), "--secret-file", str(secret_file), *common]) == 0
+    assert cli.main(["webhooks", "add", "--job", "job-c", http_receiver.url("/c"), *common]) == 0
+    assert cli.main(["webhooks", "list", "--job", "job-c", *common]) == 0
+    assert http_receiver.url("/c") in capsys.readouterr().out
+    assert cli.main(["webhooks", "remove", "--job", "job-c", http_receiver.url("/c"), *common]) == 0
+    assert cli.main(["webhooks", "list", "--job", "job-c", *common]) == 0
+    assert http_receiver.url("/c") not in capsys.readouterr().out
+
+    # A 256-rank failure published three times (the correlator may re-publish), plus other jobs.
+    opened = make_incident("job-a", incident_id="a-1", world_size=256)
+    t0 = time.monotonic()
+    publish(tansu_broker, opened, make_incident("job-b", incident_id="b-1"), opened,
+            make_incident("job-c", incident_id="c-1"), opened)
+    http_receiver.wait_for(1, delivered=True, path="/a", timeout=60)
+    http_receiver.wait_for(1, delivered=True, path="/b", timeout=60)
+    first_latency = time.monotonic() - t0
+    time.sleep(3)  # duplicates would have arrived by now
+    assert ids_at(http_receiver, "/a") == ["a-1:1"]
+    assert ids_at(http_receiver, "/b") == ["b-1:1"]
+    assert ids_at(http_receiver, "/c") == []
+
+    # Restart: registrations come back from the changelog, progress too (no re-sends).
+    worker.stop()
+    second_start = worker.start()
+    status, listed = worker.api("GET", "job-a")
+    assert status == 200 and [w["target"] for w in listed["webhooks"]] == [http_receiver.url("/a")]
+    assert [w["target"] for w in worker.api("GET", "job-b")[1]["webhooks"]] == [http_receiver.url("/b")]
+
+    revised = make_incident("job-a", incident_id="a-1", world_size=256, revision=2, initiator_rank=12)
+    closed = make_incident("job-a", incident_id="a-1", world_size=256, revision=2, initiator_rank=12, status="closed")
+    publish(tansu_broker, revised, opened, revised, make_incident("job-b", incident_id="b-1", revision=2), closed)
+    http_receiver.wait_for(3, delivered=True, path="/a", timeout=60)
+    http_receiver.wait_for(2, delivered=True, path="/b", timeout=60)
+    time.sleep(3)
+    assert ids_at(http_receiver, "/a") == ["a-1:1", "a-1:2", "a-1:2:closed"]
+    assert ids_at(http_receiver, "/b") == ["b-1:1", "b-1:2"]
+    assert all(r.signature_valid for r in http_receiver.requests)
+    assert_no_secrets(worker.log_text(), secret, secret.removeprefix("whsec_"), TOKEN)
+    print(f"\nworker ready in {first_start:.1f}s, after restart {second_start:.1f}s; "
+          f"first notifications {first_latency:.2f}s after publishing")
+
+
+def test_receiver_down_20s_with_a_worker_kill_in_between_loses_nothing(
+    tansu_broker: str, http_receiver: HttpReceiver, sink_worker: Any
+) -> None:
+    worker = sink_worker(
+        {"delivery": {"initial_backoff_s": 0.5, "max_backoff_s": 2, "budget_s": 180, "max_attempts": 500, "timeout_s": 2}}
+    )
+    worker.start()
+    assert worker.api("PUT", "job-d", {"kind": "slack", "url": http_receiver.url("/services/T1/B1/d")})[0] == 201
+
+    http_receiver.go_down()
+    down_at = time.monotonic()
+    publish(tansu_broker, make_incident("job-d", incident_id="d-1"))
+    # The first worker takes the incident and retries against the closed port...
+    deadline = time.monotonic() + 30
+    while "webhook d-1:1" not in worker.log_text():
+        assert time.monotonic() < deadline, worker.log_tail()
+        time.sleep(0.2)
+    time.sleep(max(0.0, 5 - (time.monotonic() - down_at)))
+    # ...and is killed mid-retry: nothing was acked, so nothing was committed.
+    worker.stop(kill=True)
+    killed_at = time.monotonic() - down_at
+    restart_s = worker.start()
+    time.sleep(max(0.0, 20 - (time.monotonic() - down_at)))
+    http_receiver.come_up()
+    up_at = time.time()
+
+    [delivered] = http_receiver.wait_for(1, delivered=True, timeout=60)
+    after_up = delivered.received_at - up_at
+    time.sleep(3)
+    assert [r.webhook_id for r in http_receiver.requests] == ["d-1:1"]
+    assert read_topic(tansu_broker, DEADLETTER, idle_s=1.0, timeout=10) == []
+    print(f"\nreceiver down 20s; worker killed at {killed_at:.1f}s, ready again in {restart_s:.1f}s; "
+          f"delivered {after_up:.2f}s after the receiver came back")
+
+
+def test_configured_routes_retry_500s_and_dead_letter_final_failures(
+    tansu_broker: str, http_receiver: HttpReceiver, sink_worker: Any
+) -> None:
+    secret = generate_secret()
+    worker = sink_worker(
+        {
+            "receivers": {
+                "signed": {"kind": "generic_json", "url": http_receiver.url("/signed"), "secret": secret},
+                "chat": {"kind": "slack", "url": http_receiver.url("/services/T9/B9/ChatPathSecret")},
+            },
+            "routes": [
+                {"match": {"job": "train-*", "class": ["cuda_*"]}, "receivers": ["signed"]},
+                {"match": {"class": "nccl_*", "min_severity": "high"}, "receivers": ["chat"]},
+            ],
+            "delivery": {"initial_backoff_s": 0.2, "max_backoff_s": 1, "budget_s": 60},
+        }
+    )
+    worker.start()
+    http_receiver.expect_secret(secret)
+    http_receiver.fail_next(2, status=500)
+    t0 = time.monotonic()
+    publish(tansu_broker, make_incident("train-1", incident_id="t-1"))
+    http_receiver.wait_for(1, delivered=True, path="/signed", timeout=60)
+    retried_in = time.monotonic() - t0
+    signed = [r for r in http_receiver.requests if r.path == "/signed"]
+    assert [r.status for r in signed] == [500, 500, 200]
+    assert {r.webhook_id for r in signed} == {"t-1:1"}
+    assert all(r.signature_valid for r in signed)
+
+    http_receiver.expect_secret(None)
+    http_receiver.answer_next(404)
+    publish(
+        tansu_broker,
+        make_incident("train-2", incident_id="t-2", class_="nccl_timeout"),  # -> chat, which answers 404
+        make_incident("other-1", incident_id="o-1"),  # matches no route
+        make_incident("train-3", incident_id="t-3"),  # the sink went on after the dead letter
+    )
+    [record] = read_topic(tansu_broker, DEADLETTER, expect=1, timeout=60)
+    dead = json.loads(record.value)
+    assert dead["delivery_id"] == "t-2:1" and dead["reason"] == "final answer 404"
+    assert dead["incident"]["incident_id"] == "t-2"
+    assert "ChatPathSecret" not in record.value.decode()
+    http_receiver.wait_for(2, delivered=True, path="/signed", timeout=60)
+    time.sleep(2)
+    assert ids_at(http_receiver, "/signed") == ["t-1:1", "t-1:1", "t-1:1", "t-3:1"]
+    assert ids_at(http_receiver, "/services/T9/B9/ChatPathSecret") == ["t-2:1"]
+    assert_no_secrets(worker.log_text(), secret, "ChatPathSecret", TOKEN)
+    print(f"\n500, 500, 200 through the worker: delivered {retried_in:.2f}s after publishing")
