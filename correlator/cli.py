@@ -111,19 +111,19 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         for slug in load_ruleset().classes:
             print(slug)
         return 0
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     demo = args.demo
     cls = args.cls or "gpu_hardware_error"
     start = None
     if args.start:
         try:
-            start = datetime.fromisoformat(args.start.replace("Z", "+00:00"))
+            start = datetime.fromisoformat(args.start)
         except ValueError:
             print(f"rootrank simulate: --start {args.start!r} is not an ISO 8601 time", file=sys.stderr)
             return 2
         if start.tzinfo is None:
-            start = start.replace(tzinfo=timezone.utc)
+            start = start.replace(tzinfo=UTC)
     rank = args.initiator_rank
     if demo and rank is None:
         rank = 37 if args.world_size > 37 else None
@@ -139,7 +139,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     who = "every rank" if truth.initiator.all else f"rank {truth.initiator.rank} on {truth.initiator.host}"
     print(f"{truth.class_}: {who} initiates; {truth.world_size} ranks on {len(truth.hosts)} hosts; "
           f"wrote {len(truth.files)} log file(s) and truth.json to {args.out}; "
-          f"diagnose with: rootrank diagnose {Path(args.out) / 'logs'}")
+          f"diagnose with: rootrank diagnose {Path(args.out) / truth.job_id}")
     return 0
 
 
@@ -149,6 +149,10 @@ def _search_settings(args: argparse.Namespace) -> Any:
     settings = load_settings(getattr(args, "config", None))
     if getattr(args, "es_url", None):
         settings.elasticsearch.url = args.es_url
+    if getattr(args, "bootstrap", None):
+        settings.kafka.bootstrap_servers = args.bootstrap
+    if getattr(args, "partitions", None):
+        settings.topics.partitions = args.partitions
     return settings
 
 
@@ -372,6 +376,7 @@ def _cmd_ship(args: argparse.Namespace) -> int:
         follow=args.follow,
         tee=args.tee,
         idempotence=not args.no_idempotence,
+        send_timeout_s=args.send_timeout,
     )
     return run_ship(options, files=args.file or [], command=command)
 
@@ -430,6 +435,8 @@ def _add_streaming_parsers(sub: argparse._SubParsersAction) -> None:  # type: ig
     ship.add_argument("--compression", default="auto", choices=["auto", "gzip", "lz4", "snappy", "zstd", "none"],
                       help="message compression (auto: lz4 when installed, else gzip)")
     ship.add_argument("--state-dir", default=".rootrank-ship", help="positions of followed files and the spool")
+    ship.add_argument("--send-timeout", type=float, default=30.0,
+                      help="seconds the producer keeps retrying a message before it goes to the disk spool")
     ship.add_argument("--no-idempotence", action="store_true",
                       help="plain (non-idempotent) producer, for brokers without idempotence support")
     ship.add_argument("--spool-max-mib", type=int, default=1024, help="disk spool bound while Kafka is down")
@@ -508,7 +515,7 @@ def _add_webhooks_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     common.add_argument("--job", required=True, help="job id")
     common.add_argument("--api", help="worker URL (default: $ROOTRANK_API_URL, else http://127.0.0.1:<web_port>)")
     common.add_argument("--token-file", help="file holding the API token")
-    common.add_argument("--config", help="YAML config file (default: ROOTRANK_CONFIG)")
+    common.add_argument("--config", help="YAML config file; when not given: $ROOTRANK_CONFIG")
     actions = webhooks.add_subparsers(dest="webhooks_command", metavar="ACTION")
     add = actions.add_parser("add", parents=[common], help="add (or replace) a webhook of the job")
     add.add_argument("url", nargs="?", metavar="URL", help="where to POST (optional for pagerduty)")
@@ -583,15 +590,15 @@ def build_parser() -> argparse.ArgumentParser:
     incidents.add_argument("--since", help="30m, 6h, 7d, 2w, or an ISO date/time")
     incidents.add_argument("--limit", type=int, default=50)
     incidents.add_argument("--json", action="store_true", help="one incident JSON per line")
-    incidents.add_argument("--es-url", help="Elasticsearch URL (default: config / ROOTRANK_ELASTICSEARCH__URL)")
-    incidents.add_argument("--config", help="YAML config file (default: ROOTRANK_CONFIG)")
+    incidents.add_argument("--es-url", help="Elasticsearch URL; when not given: the config's elasticsearch.url")
+    incidents.add_argument("--config", help="YAML config file; when not given: $ROOTRANK_CONFIG")
     incidents.set_defaults(func=_cmd_incidents)
     show = sub.add_parser("show", help="print one incident with its evidence, fix and verification",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     show.add_argument("id", metavar="ID", help="incident id (a unique prefix is enough)")
     show.add_argument("--json", action="store_true", help="the incident JSON")
-    show.add_argument("--es-url", help="Elasticsearch URL (default: config / ROOTRANK_ELASTICSEARCH__URL)")
-    show.add_argument("--config", help="YAML config file (default: ROOTRANK_CONFIG)")
+    show.add_argument("--es-url", help="Elasticsearch URL; when not given: the config's elasticsearch.url")
+    show.add_argument("--config", help="YAML config file; when not given: $ROOTRANK_CONFIG")
     show.set_defaults(func=_cmd_show)
     if "setup" not in sub.choices:
         setup = sub.add_parser(
@@ -600,12 +607,14 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         )
         setup.add_argument("--kibana", metavar="URL", help="also import the Kibana saved objects here")
-        setup.add_argument("--kibana-objects", metavar="DIR", help="folder of *.ndjson (default: deploy/kibana)")
-        setup.add_argument("--kibana-space", metavar="SPACE", help="Kibana space (default: the default space)")
+        setup.add_argument("--kibana-objects", metavar="DIR", help="folder of *.ndjson; when not given: deploy/kibana or $ROOTRANK_KIBANA_OBJECTS")
+        setup.add_argument("--kibana-space", metavar="SPACE", help="Kibana space; when not given: the default space")
         setup.add_argument("--skip-topics", action="store_true", help="do not touch Kafka")
         setup.add_argument("--skip-templates", action="store_true", help="do not touch Elasticsearch")
-        setup.add_argument("--es-url", help="Elasticsearch URL (default: config / ROOTRANK_ELASTICSEARCH__URL)")
-        setup.add_argument("--config", help="YAML config file (default: ROOTRANK_CONFIG)")
+        setup.add_argument("--es-url", help="Elasticsearch URL; when not given: the config's elasticsearch.url")
+        setup.add_argument("--bootstrap", help="Kafka bootstrap servers; when not given: the config's kafka.bootstrap_servers")
+        setup.add_argument("--partitions", type=int, help="partitions of new topics; when not given: topics.partitions")
+        setup.add_argument("--config", help="YAML config file; when not given: $ROOTRANK_CONFIG")
         setup.set_defaults(func=_cmd_setup)
     rules = sub.add_parser("rules", help="validate and test the signature library")
     rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION")

@@ -183,12 +183,15 @@ def _same_process(a: Signal, b: Signal) -> bool:
 
 
 class Engine:
+    # window_gap_s: a quiet gap this long starts a new incident window. It must exceed the longest
+    # collective timeout (NCCL's default is 10 min, many jobs raise it to 30-60 min), or the timeouts a
+    # failure causes would land in a window of their own, without their cause.
     def __init__(
         self,
         ruleset: RuleSet,
         *,
         quiet_window_s: float = 20.0,
-        window_gap_s: float = 1800.0,
+        window_gap_s: float = 7200.0,
     ) -> None:
         self.ruleset = ruleset
         self.rules: dict[str, Rule] = ruleset.by_id()

@@ -27,7 +27,8 @@ PLOT_W = 760
 BREAK_W = 26
 AXIS_H = 46
 MIN_CLUSTER_W = 150
-MAX_SIGNALS_DRAWN = 20_000
+EVIDENCE_SHOWN = 5
+MAX_RANK_LANES = 256  # beyond this, each host's ranks share the host's lane (the initiator keeps its own)
 
 _ROLE_COLORS = {"initiator": "#d7191c", "cause": "#f28e2b"}
 _PALETTE = ("#4e79a7", "#76b7b2", "#b07aa1", "#9c755f", "#59a14f", "#edc948", "#bab0ac", "#ff9da7", "#86bcb6")
@@ -55,7 +56,7 @@ def _parse_iso(value: str | None) -> float | None:
     if not value:
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(value).timestamp()
     except ValueError:
         return None
 
@@ -222,7 +223,7 @@ def _events(incident: Incident, signals: Sequence[Signal] | None) -> tuple[list[
     events: list[_Event] = []
     offsets: dict[str, float] = {}
     if signals:
-        sigs = _fill_ranks(list(signals)[:MAX_SIGNALS_DRAWN])
+        sigs = _fill_ranks(list(signals))
         offsets = _host_offsets(sigs)
         times = _corrected_times(sigs, offsets)
         lo = _parse_iso(incident.window_start)
@@ -230,8 +231,8 @@ def _events(incident: Incident, signals: Sequence[Signal] | None) -> tuple[list[
         initiator_found = False
         for s in sigs:
             t = times.get(id(s))
-            if t is None or not s.class_:
-                continue  # facts without a class (init lines, world size) are not events of the story
+            if t is None or not s.class_ or s.kind != "match":
+                continue  # facts (init lines, steps, progress) time other lines; they are not events of the story
             if lo is not None and hi is not None and not (lo - 60 <= t <= hi + 60):
                 continue
             raw = s.ts or s.received_ts
@@ -247,8 +248,6 @@ def _events(incident: Incident, signals: Sequence[Signal] | None) -> tuple[list[
                 role = "initiator"
                 # Draw it on the initiator's rank lane even when the line itself (a kernel Xid line) had no rank.
                 lane = (ini.host or s.host or "", ini.rank if ini.rank is not None else s.rank)
-            elif s.kind == "fact":
-                role = "fact"
             elif s.class_ == incident.class_:
                 role = "cause"
             else:
@@ -335,6 +334,8 @@ pre.line { margin:0; white-space:pre-wrap; word-break:break-all; font:12px/1.4 u
 .evidence .who { font-size:11.5px; color:var(--muted); }
 .evidence li.initiator pre { color:var(--init); font-weight:600; }
 ol { padding-left:20px; margin:4px 0; } ol li { margin-bottom:4px; }
+aside code { word-break:break-all; font-size:12px; }
+details summary { cursor:pointer; color:var(--muted); font-size:12.5px; margin:2px 0 6px; }
 .initiator-box { border-left:4px solid var(--init); background:#fff5f5; padding:8px 10px; border-radius:3px; }
 .reason { color:var(--muted); font-size:12.5px; margin-top:6px; }
 footer { color:var(--muted); font-size:11.5px; padding:8px 22px 16px; border-top:1px solid var(--line); }
@@ -375,6 +376,13 @@ def _lanes(events: Sequence[_Event], incident: Incident) -> list[tuple[str, list
 
 def _svg(incident: Incident, events: list[_Event], offsets: dict[str, float]) -> str:
     axis = _Axis([e.t for e in events], PLOT_W)
+    ranks = {e.lane[1] for e in events if e.lane[1] is not None}
+    collapsed = len(ranks) > MAX_RANK_LANES
+    if collapsed:
+        keep = incident.initiator.rank
+        for e in events:
+            if e.lane[1] is not None and e.lane[1] != keep and e.role != "initiator":
+                e.lane = (e.lane[0], None)
     events = _dedupe(events, axis)
     lanes = _lanes(events, incident)
     # Events recorded without a host but with a rank land on that rank's lane wherever it is drawn.
@@ -399,7 +407,7 @@ def _svg(incident: Incident, events: list[_Event], offsets: dict[str, float]) ->
             key = (host, rank)
             lane_y[key] = y + LANE_H / 2
             is_init_lane = rank == ini_rank and (host == ini_host or rank is not None)
-            label = f"rank {rank}" if rank is not None else "host (kernel, launcher)"
+            label = f"rank {rank}" if rank is not None else ("host and its ranks" if collapsed else "host (kernel, launcher)")
             attrs = f'class="lane{" initiator-lane" if is_init_lane else ""}" data-host="{_esc(host)}"'
             attrs += f' data-rank="{rank}"' if rank is not None else ' data-rank="host"'
             if is_init_lane:
@@ -476,8 +484,9 @@ def _svg(incident: Incident, events: list[_Event], offsets: dict[str, float]) ->
     body = "".join(lane_parts) + "".join(axis_parts) + "".join(parts) + "".join(marks)
     total_w = LABEL_W + PLOT_W + 40
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" id="swimlanes" width="{total_w}" height="{height}" '
-        f'viewBox="0 0 {total_w} {height}" role="img" aria-label="timeline of the incident per rank">{body}</svg>'
+        f'<svg xmlns="http://www.w3.org/2000/svg" id="swimlanes" width="100%" viewBox="0 0 {total_w} {height}" '
+        f'style="min-width:{total_w * 0.8:.0f}px;max-width:{total_w * 1.3:.0f}px" role="img" '
+        f'aria-label="timeline of the incident per rank">{body}</svg>'
     )
 
 
@@ -534,7 +543,14 @@ def _aside(incident: Incident, offsets: dict[str, float]) -> str:
                 f'<li class="{"initiator" if is_init else "collateral"}"><div class="who">{_esc(who)}</div>'
                 f'<pre class="line">{_esc(ev.line)}</pre></li>'
             )
-        out.append('<h2>Evidence</h2><ol class="evidence">' + "".join(items) + "</ol>")
+        shown, rest = items[:EVIDENCE_SHOWN], items[EVIDENCE_SHOWN:]
+        block = '<h2>Evidence</h2><ol class="evidence">' + "".join(shown) + "</ol>"
+        if rest:
+            block += (
+                f'<details><summary>{len(rest)} more line{"s" if len(rest) > 1 else ""}</summary>'
+                f'<ol class="evidence" start="{len(shown) + 1}">' + "".join(rest) + "</ol></details>"
+            )
+        out.append(block)
     if incident.references:
         # Plain text, not links: the report is opened offline and must not reach the network.
         out.append(

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from correlator.rules import Rule, RuleSet, load_ruleset
+from ingest.prefixes import parse_prefixes
 
 Format = Literal["plain", "fluentbit", "vector", "filebeat", "rsyslog"]
 FORMATS: tuple[str, ...] = ("plain", "fluentbit", "vector", "filebeat", "rsyslog")
@@ -71,7 +72,6 @@ HANG_CLASSES = frozenset({"straggler_hang"})
 
 _BUS_IDS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 _STEP_S = 1.2
-LOGS_DIR = "logs"
 _NCCL_VERSION = "2.21.5"
 
 
@@ -217,6 +217,11 @@ _LEADING_TS = [
     re.compile(r"^\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]\s*"),
     re.compile(r"^kernel:\s*"),
 ]
+# python logging's "LEVEL - logger - " / "logger - LEVEL - " / "[LEVEL] " header once the time is gone
+_PYLOG_HEADER = re.compile(
+    r"^(?:\[?(?P<a>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\]?\s*[-:|]\s*(?:[\w.]+\s*[-:|]\s+)?"
+    r"|[\w.]+\s+-\s+(?P<b>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+-\s+)"
+)
 _GLOG = re.compile(r"^\[?(?P<level>[IWEF])\d{3,4} \d\d:\d\d:\d\d\.\d+(?: +\d+)? (?P<srcloc>[^\]\s]+:\d+)\]\s?")
 _RANK_PREFIX = re.compile(
     r"^(?:\[(?:rank|default)\d+\]:\s?|\[\d+,mpirank:\d+,[^\]]*\]<\w+>:\s?|\d+:\s(?=\S)"
@@ -237,16 +242,13 @@ class FailureText:
     kernel: bool
     glog_level: str | None = None
     glog_srcloc: str | None = None
+    pylog_level: str | None = None  # the example came through python logging at this level (I/W/E/F)
 
 
 def strip_identity(line: str) -> str:
     """The line without identity prefixes; uses the ingest prefix parser when it is installed."""
-    try:
-        from ingest.prefixes import parse_prefixes  # written in parallel; the fallback below until then
-    except ImportError:
-        parse_prefixes = None
-    if parse_prefixes is not None:
-        line = parse_prefixes(line).text
+    line = parse_prefixes(line).text
+    # What the shared parser leaves as message text but examples carry as a writer's prefix.
     for _ in range(4):
         m = _RANK_PREFIX.match(line)
         if not m:
@@ -273,12 +275,45 @@ def split_example(line: str) -> FailureText:
             level, srcloc = m.group("level"), m.group("srcloc")
             text, changed = text[m.end() :], True
     text = strip_identity(text)
-    return FailureText(text=text.strip(), kernel=kernel, glog_level=level, glog_srcloc=srcloc)
+    pylog = None
+    if not kernel and (m3 := _PYLOG_HEADER.match(text)) and m3.end() < len(text):
+        name = m3["a"] or m3["b"]
+        pylog = {"DEBUG": "I", "INFO": "I", "WARNING": "W", "WARN": "W", "ERROR": "E", "CRITICAL": "F"}[name]
+        text = text[m3.end() :]
+    return FailureText(text=text.strip(), kernel=kernel, glog_level=level, glog_srcloc=srcloc, pylog_level=pylog)
 
 
-def _substitute_identity(text: str, rule: Rule, proc: _Proc) -> str:
-    """Put the simulated process's identity where the rule extracts rank/local_rank/gpu/pid."""
+def _replace_group(text: str, rule: Rule, name: str, value: str) -> str:
+    """`text` with the first match of the rule's named group `name` replaced by `value`."""
+    for pattern in [*rule.extract, *rule.patterns]:
+        try:
+            m = re.search(pattern, text, re.IGNORECASE if rule.caseless else 0)
+        except re.error:
+            continue
+        if m and m.groupdict().get(name) is not None:
+            start, end = m.span(name)
+            return text[:start] + value + text[end:]
+    return text
+
+
+def _blames_another_rank(text: str, rule: Rule) -> bool:
+    """Whether the rule reads, from this line, a rank other than the writer's as the culprit (`blame_rank`)."""
+    for pattern in [*rule.patterns, *rule.extract]:
+        try:
+            m = re.search(pattern, text, re.IGNORECASE if rule.caseless else 0)
+        except re.error:
+            continue
+        if m and m.groupdict().get("blame_rank") is not None:
+            return True
+    return False
+
+
+def _substitute_identity(text: str, rule: Rule, proc: _Proc, blamed: _Proc | None = None) -> str:
+    """Put the simulated process's identity where the rule extracts rank/local_rank/gpu/pid
+    (and `blamed`'s rank where it extracts the rank the line blames)."""
     values = {"rank": str(proc.rank), "local_rank": str(proc.local_rank), "pid": str(proc.pid)}
+    if blamed is not None:
+        values["blame_rank"] = str(blamed.rank)
     spans: list[tuple[int, int, str]] = []
     for pattern in [*rule.patterns, *rule.extract]:
         try:
@@ -317,8 +352,8 @@ def _substitute_identity(text: str, rule: Rule, proc: _Proc) -> str:
 
 # --- a string a regex matches (markers given only as patterns) --------------------------------
 
-import re._constants as _sre_c  # noqa: E402  (stdlib, Python 3.11+)
-import re._parser as _sre_parse  # noqa: E402
+import re._constants as _sre_c
+import re._parser as _sre_parse
 
 _CATEGORY_SAMPLE = {
     _sre_c.CATEGORY_DIGIT: "0",
@@ -550,7 +585,7 @@ class _Scenario:
                     continue
                 tp = t + self.jitter()
                 if metric is not None:
-                    self.emit(tp, p, "rank_pylog", self.metric_line(metric, p, normal=True))
+                    self.emit(tp, p, "rank_pylog", self.metric_line(metric, p, normal=True, step=k))
                 else:
                     loss = 2.6 * (0.999 ** k) + self.rng.uniform(-0.05, 0.05)
                     self.emit(tp, p, "rank_pylog", f"step {k}/{total} | loss {loss:.4f} | lr 2.95e-04 | {_STEP_S:.2f} s/it")
@@ -564,9 +599,15 @@ class _Scenario:
                 self.emit(t + 0.2, self.procs[0], "rank", bars)
         return t
 
-    def metric_line(self, metric: tuple[Rule, FailureText, str], proc: _Proc, *, normal: bool, value: str | None = None) -> str:
+    def metric_line(
+        self, metric: tuple[Rule, FailureText, str], proc: _Proc, *, normal: bool, value: str | None = None,
+        step: int | None = None,
+    ) -> str:
+        """The metric rule's example line for `proc`: a normal value, `value`, or the example's own (normal=False)."""
         rule, failure, field_name = metric
         text = _substitute_identity(failure.text, rule, proc)
+        if step is not None:
+            text = _replace_group(text, rule, "step", str(step))
         for pattern in rule.extract + rule.patterns:
             try:
                 m = re.compile(pattern).search(text)
@@ -589,11 +630,37 @@ class _Scenario:
             text = DEMO_XID_TEXT.format(bus=self.initiator.bus, pid=self.initiator.pid)
             rule = next((r for r in rules if _rule_matches(self.ruleset, r, text)), rules[0] if rules else None)
             return rule, [FailureText(text=text, kernel=True)]
-        if self.mode == "hang" and not [r for r in rules if r.absence is not None]:
-            return (rules[0] if rules else None), []  # a straggler prints nothing; progress gives it away
+        if self.mode == "hang":
+            # A straggler prints no error: it starts a step like everyone (the absence rule's start marker,
+            # when the library has one) and then never logs progress again.
+            for rule in rules:
+                if rule.absence is None:
+                    continue
+                for example in rule.examples.match:
+                    marker = split_example(example)
+                    if marker.text and _rule_matches(self.ruleset, rule, marker.text):
+                        return rule, [marker]
+            return (rules[0] if rules else None), []
         if not rules:
             raise SimulateError(f"no signature rule of class {self.cls!r} in the rule library (rules/); cannot simulate it")
-        candidates = [r for r in rules if r.metric is None and r.absence is None and r.sequence is None] or rules
+        # The initiating line is a cause the library takes seriously: not a collateral-role rule (a "remote
+        # peer closed" error is what the victims print), not a low-confidence hint, plain patterns first.
+        def plain(r: Rule) -> bool:
+            return r.metric is None and r.absence is None and r.sequence is None
+
+        causal = [r for r in rules if self.ruleset.role_of(r) != "collateral"]
+        tiers = [
+            [r for r in causal if plain(r) and r.confidence >= 0.45],
+            [r for r in causal if plain(r)],
+            causal,
+            rules,
+        ]
+        special = [r for r in causal if (r.metric is not None or r.sequence is not None) and r.confidence >= 0.45]
+        if special and self.seed % 3 == 2:
+            # Every third seed exercises the rules that need more than one line: a metric across ranks,
+            # a marker earlier in the job.
+            tiers.insert(0, special)
+        candidates = next(t for t in tiers if t)
         pairs: list[tuple[Rule, FailureText]] = []
         for rule in candidates:
             for example in rule.examples.match:
@@ -615,7 +682,11 @@ class _Scenario:
     def failure_lines_for(self, t: float, proc: _Proc, rule: Rule | None, failures: Sequence[FailureText]) -> float:
         """Emit the failure on `proc` starting at `t`; returns the time of the last line."""
         for failure in failures:
-            text = _substitute_identity(failure.text, rule, proc) if rule is not None else failure.text
+            blamed = None
+            if rule is not None and _blames_another_rank(failure.text, rule) and self.world_size > 1:
+                # "Rank 0 is running X, but Rank 37 is running Y": a peer writes the line that names the culprit.
+                blamed, proc = proc, self.procs[0 if proc.rank != 0 else 1]
+            text = _substitute_identity(failure.text, rule, proc, blamed) if rule is not None else failure.text
             if rule is not None and not _rule_matches(self.ruleset, rule, text):
                 text = failure.text  # the substitution broke the match: keep the example's numbers
             if failure.kernel:
@@ -642,6 +713,8 @@ class _Scenario:
                 self.emit(t, proc, "nccl_raw", text, thread=proc.pid + 311)
             elif failure.glog_level:
                 self.emit(t, proc, "rank_glog", text, level=failure.glog_level, srcloc=failure.glog_srcloc or "")
+            elif failure.pylog_level:
+                self.emit(t, proc, "rank_pylog", text, level=failure.pylog_level)
             elif _EXCEPTION_LINE.match(text):
                 for body in ("Traceback (most recent call last):", '  File "/workspace/train.py", line 212, in <module>',
                              "    main(args)", '  File "/workspace/train.py", line 187, in main'):
@@ -683,7 +756,7 @@ class _Scenario:
                   f"[{pg}] Timeout at NCCL work: {seq}, last enqueued NCCL work: {seq}, last completed NCCL work: {seq - 1}.",
                   level="E", srcloc="ProcessGroupNCCL.cpp:630", thread=tid)
         self.emit(t + 0.0008, p, "rank_glog",
-                  "[{}] To avoid data inconsistency, we are taking the entire process down.".format(pg),
+                  f"[{pg}] To avoid data inconsistency, we are taking the entire process down.",
                   level="E", srcloc="ProcessGroupNCCL.cpp:636", thread=tid)
         self.emit(t + 0.002, p, "rank_glog",
                   f"[{pg}] Process group watchdog thread terminated with exception: [Rank {p.rank}] Watchdog caught "
@@ -783,7 +856,7 @@ class _Scenario:
             metric=metric,
         )
         seq = self.seq_base + last_step
-        absence_rule = rule if rule is not None and rule.absence is not None else None
+        absence_rule = rule if rule is not None and rule.absence is not None and failures else None
         if absence_rule is not None:
             # Every rank starts the marked operation; all but the initiator finish it.
             for p in self.procs:
@@ -794,7 +867,10 @@ class _Scenario:
             for p in self.procs:
                 if p is not init and end_text:
                     self.emit(t + 4.0 + self.jitter(1.0), p, "rank_pylog", end_text)
-            self.timeout_s = max(self.timeout_s, absence_rule.absence.deadline_s * 2 + 60)  # type: ignore[union-attr]
+            deadline = absence_rule.absence.deadline_s  # type: ignore[union-attr]
+            # The peers' NCCL timeout (torch's 30 min when the marker's deadline is longer than 10 min)
+            # fires after the deadline, so the missing end marker is visible before the cascade.
+            self.timeout_s = max(self.timeout_s, 1800.0 if deadline < 1740 else deadline + 300)
             t += 6.0
         enqueue_t = t + 0.6
         if self.mode == "hang" or absence_rule is not None:
@@ -808,7 +884,7 @@ class _Scenario:
             field_name = metric[2]
             raw = re.search(r"(?i)nan|inf", failures[0].text)
             value = None if raw else f"{(rule.metric.spike_ratio if rule and rule.metric else 10) * 40:.4f}"
-            body = self.metric_line(metric, init, normal=value is not None, value=value)
+            body = self.metric_line(metric, init, normal=value is not None, value=value, step=last_step + 1)
             self.emit(fail_t, init, "rank_pylog", body, level="W")
             self.failure_lines.append(body)
             self.failure_t = fail_t
@@ -819,7 +895,7 @@ class _Scenario:
             self.failure_t = fail_t
             self.failure_lines_for(fail_t, init, rule, failures)
         if self.mode == "continue":
-            self.chatter(fail_t, 8, last_step + 1, metric=metric)
+            self.chatter(fail_t, 8, last_step + 2, metric=metric)
             return
         early = not self.demo and self.seed % 2 == 1
         self.collateral(enqueue_t, seq, early=early, fail_t=fail_t)
@@ -958,8 +1034,12 @@ def _message(fmt: Format, sc: _Scenario, line: _Line, text: str, read_t: float, 
 
 
 def _write(sc: _Scenario, fmt: Format, root: Path) -> list[str]:
-    """Write the logs under root/logs/; returns their paths relative to root."""
-    out = root / LOGS_DIR
+    """Write the logs under root/<job id>/; returns their paths relative to root.
+
+    The folder is named after the job so that `rootrank diagnose root/<job id>` names the job right.
+    """
+    job_dir = sc.job_id
+    out = root / job_dir
     out.mkdir(parents=True, exist_ok=True)
     skew = {h.name: h.skew for h in sc.hosts}
     # File order = when the line reached the file (late lines were buffered); ties keep emit order.
@@ -974,7 +1054,7 @@ def _write(sc: _Scenario, fmt: Format, root: Path) -> list[str]:
         for name in sorted(per_file):
             (out / name).parent.mkdir(parents=True, exist_ok=True)
             (out / name).write_text("\n".join(per_file[name]) + "\n", encoding="utf-8")
-            files.append(f"{LOGS_DIR}/{name}")
+            files.append(f"{job_dir}/{name}")
         return files
     if fmt == "rsyslog":
         rows: list[tuple[float, int, str]] = []
@@ -988,7 +1068,7 @@ def _write(sc: _Scenario, fmt: Format, root: Path) -> list[str]:
                 rows.append((read_t + 0.05, i, f"{_rfc3339(local)} {line.host} train: {text}"))
         rows.sort()
         (out / "rsyslog.log").write_text("\n".join(r[2] for r in rows) + "\n", encoding="utf-8")
-        return [f"{LOGS_DIR}/rsyslog.log"]
+        return [f"{job_dir}/rsyslog.log"]
     messages: list[tuple[float, int, dict[str, Any]]] = []
     offsets: dict[str, int] = {}
     for i, line in ordered:
@@ -1003,7 +1083,7 @@ def _write(sc: _Scenario, fmt: Format, root: Path) -> list[str]:
     with (out / "messages.jsonl").open("w", encoding="utf-8") as fh:
         for _, _, msg in messages:
             fh.write(json.dumps(msg, ensure_ascii=False, separators=(",", ":")) + "\n")
-    return [f"{LOGS_DIR}/messages.jsonl"]
+    return [f"{job_dir}/messages.jsonl"]
 
 
 def simulate(
@@ -1031,9 +1111,9 @@ def simulate(
       are read as "the most recent such date", so a start in the recent past keeps every line's
       year unambiguous; pass a fixed start for byte-identical output across days.
 
-    Layout: out/logs/<host>/train.log (+ out/logs/<host>/kern.log) for plain, out/logs/messages.jsonl
-    for the JSON forwarders, out/logs/rsyslog.log for rsyslog; out/truth.json beside the logs folder
-    (so `rootrank diagnose out/logs` reads logs only).
+    Layout (JOB = truth.job_id, e.g. sim-cuda-oom-3): out/JOB/<host>/train.log (+ out/JOB/<host>/kern.log)
+    for plain, out/JOB/messages.jsonl for the JSON forwarders, out/JOB/rsyslog.log for rsyslog;
+    out/truth.json beside the job's folder, so `rootrank diagnose out/JOB` reads logs only.
     """
     if fmt not in FORMATS:
         raise SimulateError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
@@ -1055,20 +1135,22 @@ def simulate(
         if sc.mode == "victims"
         else TruthInitiator(rank=init.rank, host=init.host, local_rank=init.local_rank, pid=init.pid, gpu=init.gpu)
     )
-    truth = Truth(
-        class_=cls,
-        initiator=initiator,
-        world_size=world_size,
-        job_id=sc.job_id,
-        seed=seed,
-        skew_s={h.name: h.skew for h in sc.hosts},
-        hosts=[h.name for h in sc.hosts],
-        format=fmt,
-        mode=sc.mode,
-        rule=sc.rule.id if sc.rule is not None else None,
-        failure_lines=sc.failure_lines[:8],
-        failure_ts=_rfc3339(_dt(sc.failure_t)).replace("+00:00", "Z") if sc.failure_t is not None else None,
-        files=files,
+    truth = Truth.model_validate(
+        {
+            "class": cls,
+            "initiator": initiator,
+            "world_size": world_size,
+            "job_id": sc.job_id,
+            "seed": seed,
+            "skew_s": {h.name: h.skew for h in sc.hosts},
+            "hosts": [h.name for h in sc.hosts],
+            "format": fmt,
+            "mode": sc.mode,
+            "rule": sc.rule.id if sc.rule is not None else None,
+            "failure_lines": sc.failure_lines[:8],
+            "failure_ts": _rfc3339(_dt(sc.failure_t)).replace("+00:00", "Z") if sc.failure_t is not None else None,
+            "files": files,
+        }
     )
     (out / "truth.json").write_text(json.dumps(truth.to_json_dict(), indent=2) + "\n", encoding="utf-8")
     return truth
@@ -1089,6 +1171,11 @@ def simulate_demo(out: Path, *, fmt: str = "plain", seed: int = 0, start: dateti
 
 def read_truth(folder: Path) -> Truth:
     return Truth.model_validate_json((Path(folder) / "truth.json").read_text(encoding="utf-8"))
+
+
+def logs_dir(folder: Path, truth: Truth) -> Path:
+    """The folder holding the simulated job's logs (what `rootrank diagnose` is pointed at)."""
+    return Path(folder) / truth.job_id
 
 
 def log_paths(folder: Path, truth: Truth) -> list[str]:

@@ -18,6 +18,24 @@ from correlator.config import Settings
 log = logging.getLogger(__name__)
 
 
+class _StartTogether:
+    """Starts the role apps concurrently (each waits for its own group join, seconds on some brokers)
+    and stops them in reverse order. The worker then finds its primary app already started."""
+
+    def __new__(cls, apps: list[Any]) -> Any:
+        from mode import Service
+
+        class StartTogether(Service):
+            async def on_start(self) -> None:
+                await asyncio.gather(*(app.maybe_start() for app in apps))
+
+            async def on_stop(self) -> None:
+                for app in reversed(apps):
+                    await app.stop()
+
+        return StartTogether()
+
+
 def run_worker(settings: Settings, roles: str = "all", *, loglevel: str = "WARNING",
                web_port: int | None = None, **overrides: Any) -> int:
     import faust
@@ -28,9 +46,10 @@ def run_worker(settings: Settings, roles: str = "all", *, loglevel: str = "WARNI
         asyncio.get_event_loop()
     except RuntimeError:
         asyncio.set_event_loop(asyncio.new_event_loop())
-    first, *rest = apps
+    first = apps[0]
     # quiet: no banner or spinner (they write terminal escapes into log files); one line per app instead.
-    worker = faust.Worker(first, *rest, loglevel=loglevel, redirect_stdouts=False, quiet=True)
+    worker = faust.Worker(first, _StartTogether(apps), loglevel=loglevel, redirect_stdouts=False, quiet=True)
+    worker.spinner = None  # faust draws it even when quiet
     for app in apps:
         web = f", http://127.0.0.1:{app.conf.web_port}/rootrank/metrics" if app.conf.web_enabled else ""
         print(f"rootrank worker: {app.conf.id} (group {app.conf.id}) on {settings.kafka.bootstrap_servers}{web}",

@@ -89,7 +89,8 @@ _TRTLLM = re.compile(
     r"\[(\d\d)/(\d\d)/(\d{4})-(\d\d):(\d\d):(\d\d)\] (?:\[TRT-LLM\] ?)?(?:\[RANK (\d+)\] ?)?(?:\[([DIWEFV])\] ?)?"
 )
 # c10 logging: [E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607]  (month not zero-padded)
-_C10 = re.compile(r"\[([IWEF])(\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+)(?: +(\d+))? [^\]\s]+:\d+\] ?")
+# (folly's signal handler writes the same without a source location: [E514 18:02:10.221] *** Signal 7)
+_C10 = re.compile(r"\[([IWEF])(\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+)(?: +(\d+))?(?: [^\]\s]+:\d+)?\] ?")
 # dmesg: [ 1843.308145]  and dmesg --reltime deltas [  +0.000316]: relative, not wall-clock
 _DMESG_REL = re.compile(r"\[ *\+?\d+\.\d+\] ?")
 # dmesg -T: [Mon Jun  2 13:13:04 2025]

@@ -251,8 +251,10 @@ class Sender:
             max_request_size=max(1024 * 1024, 2 * MAX_BATCH_BYTES),
             # send() must not stall the batcher for long when the broker is gone: spool instead.
             max_block_ms=2000,
-            request_timeout_ms=int(min(self.options.send_timeout_s, 30.0) * 1000),
-            delivery_timeout_ms=int(max(self.options.send_timeout_s, 31.0) * 1000),
+            # An unacknowledged message goes to the spool after `send_timeout_s` (the producer
+            # retries on its own until then; Kafka wants delivery >= linger + request timeout).
+            delivery_timeout_ms=int(self.options.send_timeout_s * 1000),
+            request_timeout_ms=max(500, int(self.options.send_timeout_s * 1000) - 10),
             bootstrap_timeout_ms=5000,
             client_id=f"rootrank-ship-{socket.gethostname()}",
         )

@@ -168,6 +168,10 @@ class Spool:
         """Remove the oldest record (after it was delivered)."""
         with self._lock:
             record = self._read_at(self._read_seg, self._read_off)
+            while record is None and self._read_seg < self._write_seg:
+                # The head is in a later segment (this one ended, or ends in a torn record).
+                self._advance_segment()
+                record = self._read_at(self._read_seg, self._read_off)
             if record is None:
                 return
             self._read_off += _HEADER.size + len(record)

@@ -23,6 +23,7 @@ from correlator.models import Signal
 from correlator.signals import SignalExtractor
 from ingest.decoders import DecodeError, decode_value, to_event
 from ingest.event import LogEvent
+from ingest.ship_format import SHIP_SOURCE
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,12 @@ class MatchProcessor:
             datetime.fromtimestamp(message.timestamp, tz=timezone.utc) if message.timestamp is not None else None
         )
         records = decode_value(value, received_ts=received, max_value_bytes=self.max_value_bytes)
+        for record in records:
+            if record.source == SHIP_SOURCE and record.ts is None:
+                # The shipper found this line already in its file (no read time): when it reached
+                # Kafka says nothing about when it was written. Without a receive time the engine
+                # times it from the timed lines around it in its file, as `rootrank diagnose` does.
+                record.received_ts = None
         base = message.offset * LINES_PER_OFFSET
         return [
             to_event(

@@ -39,7 +39,7 @@ from correlator.models import Incident
 from correlator.webhooks.api import MAX_BODY_BYTES, RegistrationAPI
 from correlator.webhooks.dispatcher import WebhookDispatcher
 from correlator.webhooks.receivers import safe_errors
-from correlator.webhooks.registry import Registry
+from correlator.webhooks.registry import EchoSafeStore, Registry
 
 if TYPE_CHECKING:
     import faust
@@ -109,8 +109,13 @@ class WebhookSink:
             SKIPPED.labels("too_old").inc()
             log.info("incident %s revision %d older than the replay age: not notified", incident.incident_id, incident.revision)
             return
-        for result in await self.dispatcher.handle(incident):
+        results = await self.dispatcher.handle(incident)
+        for result in results:
             NOTIFICATIONS.labels("delivered" if result.delivered else "dead_lettered").inc()
+        log.info(
+            "incident %s of job %s revision %d (%s): %d notification(s)",
+            incident.incident_id, incident.job_id, incident.revision, incident.status, len(results),
+        )
 
 
 async def _read_bounded(request: Any, limit: int) -> bytes | None:
@@ -127,14 +132,45 @@ async def _read_bounded(request: Any, limit: int) -> bytes | None:
             return None
 
 
+async def _rewind_partitions_never_committed(app: faust.App, topic: str) -> None:
+    """Seek the partitions of `topic` that this group never committed to their first offset.
+
+    Measured with faust-streaming 0.15.3: records fetched while the tables recover are dropped
+    (the stream partitions are paused) yet the fetch position has moved past them, and faust's
+    seek-to-committed has nothing to seek to when the group never committed. The incidents
+    published before this group's first commit were then skipped - a worker killed before it
+    acked its first incident lost that incident. This runs after recovery, before the streams
+    resume (faust sends on_rebalance_complete right before its own seek).
+    """
+    consumer = app.consumer
+    partitions = sorted(tp for tp in consumer.assignment() if tp.topic == topic)
+    if not partitions:
+        return
+    thread = consumer._thread  # type: ignore[attr-defined]
+    client = thread._ensure_consumer()
+    for tp in partitions:
+        committed = await thread.call_thread(client.committed, tp)
+        if committed is None or committed < 0:
+            earliest = (await consumer.earliest_offsets(tp))[tp]
+            await consumer.seek(tp, earliest)
+            log.info("%s[%d]: never committed by this group; reading from offset %d", tp.topic, tp.partition, earliest)
+
+
 def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.App | None = None) -> WebhookSink:
     """Add the webhook agent, its two tables and its HTTP API to `app` (the API to `web_app` if given)."""
     import faust
 
     topics = settings.topics
-    raw = {"key_serializer": "raw", "value_serializer": "raw"}
-    incidents_topic = app.topic(topics.incidents, internal=False, **raw)
-    deadletter_topic = app.topic(topics.webhooks_deadletter, internal=False, **raw)
+    echo_safe: EchoSafeStore | None = None
+
+    async def _on_registration_event(event: Any) -> None:
+        if echo_safe is not None:
+            echo_safe.on_changelog(event.key, event.value)
+
+    incidents_topic = app.topic(topics.incidents, internal=False, key_serializer="raw", value_serializer="raw")
+    deadletter_topic = app.topic(
+        topics.webhooks_deadletter, internal=False, key_serializer="raw", value_serializer="raw"
+    )
     registrations = app.GlobalTable(
         REGISTRATIONS_TABLE,
         default=None,
@@ -146,6 +182,7 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
         use_partitioner=True,
         recovery_buffer_size=1,
         synchronize_all_active_partitions=True,
+        on_changelog_event=_on_registration_event,
     )
     progress = app.Table(
         PROGRESS_TABLE,
@@ -154,7 +191,8 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
         # Written while processing an incident: the changelog partition is that incident's partition.
         partitions=topics.partitions,
     )
-    registry = Registry(registrations)
+    echo_safe = EchoSafeStore(registrations)
+    registry = Registry(echo_safe)
     api = RegistrationAPI(registry, settings.webhooks.api_token)
     sink = WebhookSink(
         app=app,
@@ -167,26 +205,54 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
     )
     sink.dispatcher.dead_letter = sink.dead_letter
 
+    if app.conf.stream_wait_empty:
+        log.warning(
+            "stream_wait_empty is on: a stop or rebalance waits for webhook retries to end (up to %.0fs); "
+            "the webhook sink is idempotent and meant to run with it off",
+            settings.webhooks.delivery.budget_s,
+        )
+    in_flight: dict[str, Any] = {}  # "tp" and "task" of the incident being delivered
+
     @app.agent(incidents_topic, name=AGENT_NAME)
     async def webhooks(stream: Any) -> None:
         manual = stream.noack()
         try:
             async for event in manual.events():
+                task = asyncio.ensure_future(sink.process(event.value, event.message.timestamp))
+                in_flight.update(tp=event.message.tp, task=task)
                 try:
-                    await sink.process(event.value, event.message.timestamp)
+                    await task
                 except asyncio.CancelledError:
-                    raise  # stopping: the incident stays unacked and is re-read after the restart
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise  # stopping: the incident stays unacked and is re-read after the restart
+                    # Its partition was revoked: the new owner re-reads it from the last commit.
+                    log.info("incident delivery stopped: partition %s moved to another worker", event.message.tp)
+                    continue
                 except Exception:
                     # A bug, not a delivery failure (those are dead-lettered). Stop the worker rather than
                     # skip the incident: it restarts from the last commit, which is before this incident.
                     log.exception("webhook sink failed on an incident; stopping the worker")
-                    await app.crash(RuntimeError("webhook sink failed"))  # type: ignore[attr-defined]
+                    await app.crash(RuntimeError("webhook sink failed"))
                     raise
+                finally:
+                    in_flight.clear()
                 await manual.ack(event)
         finally:
             await sink.dispatcher.close()
 
-    @app.timer(interval=3600.0)
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def abandon_revoked(sender: Any, revoked: Any, *args: Any, **kwargs: Any) -> None:
+        # Retrying for a partition this worker no longer owns would only race its new owner.
+        task = in_flight.get("task")
+        if task is not None and in_flight.get("tp") in revoked and not task.done():
+            task.cancel()
+
+    @app.on_rebalance_complete.connect  # type: ignore[arg-type]
+    async def rewind_never_committed(sender: Any, *args: Any, **kwargs: Any) -> None:
+        await _rewind_partitions_never_committed(app, topics.incidents)
+
+    @app.timer(interval=3600.0)  # type: ignore[untyped-decorator]
     async def close_idle_http() -> None:
         # Keep-alive connections to receivers that were notified once are not kept for days.
         await sink.dispatcher.deliverer.close()
@@ -204,7 +270,7 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
             return await self._serve(request, job_id)
 
         async def _serve(self, request: Any, job_id: str) -> Any:
-            if not app.tables.recovery.completed.is_set():
+            if not app.tables.recovery.completed.is_set():  # type: ignore[attr-defined]
                 # Before the registrations table is recovered a GET would answer "none" and a write
                 # could not be sent: say so instead.
                 return self.json({"error": "starting: tables are being recovered"}, status=503,
@@ -230,12 +296,12 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
     async def _load_changelog_metadata() -> None:
         # The table picks the changelog partition synchronously from the producer's metadata,
         # which holds only topics it has sent to: fetch it first.
-        producer = app.producer._ensure_producer()  # noqa: SLF001 - faust exposes no public accessor
+        producer = app.producer._ensure_producer()  # type: ignore[attr-defined]
         await producer.partitions_for(registrations.changelog_topic.get_topic_name())
 
     host.page("/jobs/{job_id}/webhooks")(JobWebhooks)
 
-    @app.task
+    @app.task  # type: ignore[untyped-decorator]
     async def announce() -> None:
         routes = len(sink.dispatcher.routes.routes)
         receivers = ", ".join(f"{r.name}={r.display_target()}" for r in sink.dispatcher.routes.receivers.values())
@@ -253,6 +319,10 @@ def build_webhooks_app(settings: Settings, *, web_port: int | None, **overrides:
     from correlator.topics import group_id
 
     conf = faust_settings(settings, WEBHOOKS_ROLE, web_port=web_port)
+    # Stop and rebalance without waiting for an incident's retries (minutes when a receiver is
+    # down): the unacked incident is re-read after the restart or by the partition's new owner,
+    # and re-delivering it is harmless (same delivery id; progress table).
+    conf["stream_wait_empty"] = False
     conf.update(overrides)
     Path(conf["datadir"]).parent.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
     app = faust.App(group_id(settings, WEBHOOKS_ROLE), **conf)

@@ -805,3 +805,10 @@ class BulkWriter:
             except Exception as exc:  # the next attempt retries; the outage may still be going on
                 self._warn(f"could not re-create {alias}: {exc}")
                 log.debug("re-creating %s failed", alias, exc_info=True)
+
+
+if __name__ == "__main__":  # python -m correlator.sinks.elasticsearch deploy/elasticsearch
+    import sys
+
+    for written in write_template_files(Path(sys.argv[1] if len(sys.argv) > 1 else "deploy/elasticsearch")):
+        print(f"wrote {written}")

@@ -20,7 +20,13 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from correlator.webhooks.registry import MAX_REGISTRATIONS_PER_JOB, Registration, RegistrationError, Registry, check_job_id
+from correlator.webhooks.registry import (
+    MAX_REGISTRATIONS_PER_JOB,
+    Registration,
+    RegistrationError,
+    Registry,
+    check_job_id,
+)
 
 log = logging.getLogger("rootrank.webhooks.api")
 
@@ -88,7 +94,7 @@ class RegistrationAPI:
 
     def _get(self, job_id: str, headers: Mapping[str, str]) -> ApiResponse:
         show_urls = self._bearer_ok(headers)
-        webhooks = [r.public_view(show_url=show_urls) for r in self.registry.list(job_id)]
+        webhooks = [r.public_view(show_url=show_urls) for r in self.registry.for_job(job_id)]
         return ApiResponse(200, {"job_id": job_id, "webhooks": webhooks})
 
     def _put(self, job_id: str, headers: Mapping[str, str], body: bytes | None) -> ApiResponse:

@@ -137,7 +137,7 @@ class Deliverer:
                 await resp.content.read(64 * 1024)
                 retry_after = parse_retry_after(resp.headers.get("Retry-After"))
                 return Attempt(resp.status, None, time.monotonic() - started, retry_after)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             return Attempt(None, describe_error(exc), time.monotonic() - started)
 
     async def deliver(self, request: OutboundRequest, delivery_id: str, destination: str, target: str) -> DeliveryResult:

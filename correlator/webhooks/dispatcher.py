@@ -89,7 +89,7 @@ class WebhookDispatcher:
         found: dict[str, Destination] = {}
         for receiver in self.routes.receivers_for(incident):
             found.setdefault(f"cfg:{receiver.name}", Destination(f"cfg:{receiver.name}", receiver))
-        for registration in self.registry.list(incident.job_id):
+        for registration in self.registry.for_job(incident.job_id):
             if registration.wants(incident):
                 key = f"job:{registration.id}"
                 found.setdefault(key, Destination(key, registration.receiver(f"job {incident.job_id} webhook {registration.id}")))

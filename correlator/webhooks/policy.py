@@ -20,4 +20,4 @@ class RetryPolicy(BaseModel):
     def backoff(self, attempt: int, rng: random.Random) -> float:
         """Wait after failed attempt number `attempt` (1-based)."""
         ceiling = min(self.max_backoff_s, self.initial_backoff_s * (2 ** (attempt - 1)))
-        return ceiling / 2 + rng.uniform(0, ceiling / 2)
+        return float(ceiling / 2 + rng.uniform(0, ceiling / 2))

@@ -12,7 +12,15 @@ import re
 from collections.abc import MutableMapping
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from correlator.models import Incident, Severity
 from correlator.webhooks.notification import severity_at_least
@@ -128,13 +136,71 @@ class RegistrationStore(Protocol):
     def __contains__(self, key: object, /) -> bool: ...
 
 
+class EchoSafeStore:
+    """A changelog-replicated table that does not read back stale copies of its own writes.
+
+    Every worker keeps reading the registrations changelog, its own writes included, so right
+    after a PUT then a DELETE the table briefly holds the PUT's value again (measured: a removed
+    webhook was notified 300 ms after its removal). Local writes are kept here, stamped with
+    this writer's id and a sequence number, and take precedence until the changelog shows that
+    very write; everything before it in the changelog is older than it. Deletes are written as
+    empty values so they carry the stamp too.
+    """
+
+    def __init__(self, table: MutableMapping[str, Any], writer_id: str | None = None) -> None:
+        import uuid
+
+        self.table = table
+        self.writer_id = writer_id or uuid.uuid4().hex[:12]
+        self._seq = 0
+        self._pending: dict[str, dict[str, Any]] = {}
+
+    def get(self, key: str, default: Any = None, /) -> Any:
+        if key in self._pending:
+            return self._pending[key]
+        return self.table.get(key, default)
+
+    def __contains__(self, key: object, /) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+    def __setitem__(self, key: str, value: Any, /) -> None:
+        self._seq += 1
+        stamped = {**value, "writer": self.writer_id, "seq": self._seq}
+        self._pending[key] = stamped
+        self.table[key] = stamped
+
+    def __delitem__(self, key: str, /) -> None:
+        self[key] = {"v": STORE_VERSION, "webhooks": []}
+
+    def on_changelog(self, key: Any, value: Any) -> None:
+        """Call for every changelog record the table applies (from faust's on_changelog_event)."""
+        if isinstance(key, bytes):
+            key = key.decode("utf-8", "replace")
+        mine = self._pending.get(key)
+        if mine is None:
+            return
+        if isinstance(value, bytes | str):
+            import json
+
+            try:
+                value = json.loads(value)
+            except ValueError:
+                return
+        if isinstance(value, dict) and value.get("writer") == self.writer_id and value.get("seq") == mine["seq"]:
+            del self._pending[key]
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+
 class Registry:
     """Registrations per job over a key-value store."""
 
     def __init__(self, store: RegistrationStore | MutableMapping[str, Any] | None = None) -> None:
         self.store: RegistrationStore | MutableMapping[str, Any] = store if store is not None else {}
 
-    def list(self, job_id: str) -> list[Registration]:
+    def for_job(self, job_id: str) -> list[Registration]:
         value = self.store.get(job_id)
         if not value:
             return []
@@ -156,7 +222,7 @@ class Registry:
     def upsert(self, job_id: str, registration: Registration) -> bool:
         """Add, or replace the registration with the same id; True when it is new."""
         check_job_id(job_id)
-        current = self.list(job_id)
+        current = self.for_job(job_id)
         new_id = registration.id
         kept = [r for r in current if r.id != new_id]
         created = len(kept) == len(current)
@@ -166,7 +232,7 @@ class Registry:
         return created
 
     def remove(self, job_id: str, registration_id: str) -> bool:
-        current = self.list(job_id)
+        current = self.for_job(job_id)
         kept = [r for r in current if r.id != registration_id]
         if len(kept) == len(current):
             return False
@@ -174,6 +240,6 @@ class Registry:
         return True
 
     def clear(self, job_id: str) -> int:
-        count = len(self.list(job_id))
+        count = len(self.for_job(job_id))
         self._write(job_id, [])
         return count

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -53,6 +54,7 @@ LAYOUT_PROBE = """
     out.markBox = [m.width, m.height];
   }
   out.scripts = document.scripts.length;
+  out.svgBottom = document.getElementById('swimlanes') ? document.getElementById('swimlanes').getBoundingClientRect().bottom : 0;
   out.bodyHeight = document.documentElement.scrollHeight;
   return JSON.stringify(out);
 })()
@@ -158,9 +160,10 @@ async def _drive(ws: aiohttp.ClientWebSocketResponse, url: str, width: int, scre
         probe = await call("Runtime.evaluate", expression=LAYOUT_PROBE, returnByValue=True)
         result: dict[str, Any] = json.loads(probe["result"]["value"])
         if screenshot:
-            height = min(int(result["bodyHeight"]), 6000)
+            # The picture ends below the swimlanes; the evidence column continues in the page itself.
+            height = int(min(max(result["svgBottom"] + 24, 900), 6000))
             await call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
-            shot = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+            shot = await call("Page.captureScreenshot", format="png")
             result["png"] = base64.b64decode(shot["data"])
         result["problems"] = list(problems)
         return result
@@ -295,10 +298,10 @@ def test_demo_incident_from_simulated_logs(browser: Browser, tmp_path: Path) -> 
     With ROOTRANK_WRITE_SCREENSHOT=1 the full-page screenshot is written to docs/img/incident.png.
     """
     from correlator.diagnose import Diagnoser
-    from correlator.simulate import log_paths, simulate_demo
+    from correlator.simulate import logs_dir, simulate_demo
 
-    truth = simulate_demo(tmp_path / "logs")
-    incidents, signals = Diagnoser().diagnose(log_paths(tmp_path / "logs", truth), truth.job_id)
+    truth = simulate_demo(tmp_path / "sim")
+    incidents, signals = Diagnoser().diagnose([str(logs_dir(tmp_path / "sim", truth))])
     assert incidents, "the demo scenario produced no incident"
     url = _write(tmp_path, "demo.html", render_incident_html(incidents[0], signals))
     write_png = os.environ.get("ROOTRANK_WRITE_SCREENSHOT", "") not in ("", "0")
@@ -315,3 +318,39 @@ def test_demo_incident_from_simulated_logs(browser: Browser, tmp_path: Path) -> 
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_bytes(result["png"])
         assert out.stat().st_size > 10_000
+
+
+def test_page_is_self_contained_and_escapes_log_text() -> None:
+    incident, signals = _incident_64()
+    page = render_incident_html(incident, signals)
+
+    assert "<script" not in page.replace("&lt;script", "")  # the evidence's <script> is text
+    assert "&lt;script&gt;console.error(&#x27;injected&#x27;)&lt;/script&gt;" in page
+    assert not re.search(r"<[a-zA-Z][^<>]*\b(?:src|href)\s*=", page), "the report must load nothing"
+    assert "default-src 'none'" in page  # and the browser is told so
+
+
+def test_huge_world_keeps_one_lane_per_host_plus_the_initiator() -> None:
+    world, hosts = 2048, 256
+    per = world // hosts
+    t0 = datetime(2026, 11, 30, 18, 0, tzinfo=UTC)
+    signals = [
+        Signal(job_id="j", rule_id="nccl-watchdog", class_="nccl_timeout", rank=r, host=f"h{r // per:03d}",
+               ts=t0 + timedelta(seconds=600 + (r % 5) * 0.01), order=r, file=f"h{r // per:03d}.log",
+               line=f"[Rank {r}] Watchdog caught collective operation timeout")
+        for r in range(world) if r != 1500
+    ]
+    signals.append(Signal(job_id="j", rule_id="cuda-oom", class_="cuda_oom", rank=1500, host="h187", ts=t0, order=0,
+                          file="h187.log", line="torch.OutOfMemoryError: CUDA out of memory."))
+    incident = Incident(
+        incident_id="x", job_id="j", class_="cuda_oom", title="CUDA out of memory on rank 1500", severity="critical",
+        confidence=0.95, confidence_reason="first", world_size=world,
+        initiator=Initiator(rank=1500, host="h187", ts=t0.isoformat(), rule="cuda-oom",
+                            line="torch.OutOfMemoryError: CUDA out of memory."),
+    )
+    page = render_incident_html(incident, signals)
+
+    lanes = re.findall(r'<g class="lane[^"]*" data-host="([^"]+)" data-rank="([^"]+)"', page)
+    assert len(lanes) == hosts + 1  # a shared lane per host, and the initiator's own
+    assert re.search(r'<g class="lane initiator-lane" data-host="h187" data-rank="1500" id="initiator-lane"', page)
+    assert page.count('data-role="initiator"') == 1

@@ -164,6 +164,19 @@ def test_registrations_survive_a_restart_and_each_job_gets_only_its_incidents(
     assert cli.main(["webhooks", "remove", "--job", "job-c", http_receiver.url("/c"), *common]) == 0
     assert cli.main(["webhooks", "list", "--job", "job-c", *common]) == 0
     assert http_receiver.url("/c") not in capsys.readouterr().out
+    # The worker reads its own changelog back: a stale copy of a removed webhook must never show.
+    stale = 0
+    for i in range(10):
+        assert worker.api("PUT", "job-e", {"url": http_receiver.url(f"/e{i}")})[0] == 201
+        removed = urllib.request.Request(
+            f"{worker.url}/jobs/job-e/webhooks?all=true", method="DELETE", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        with urllib.request.urlopen(removed, timeout=10) as response:
+            assert json.loads(response.read())["removed"] == 1
+        for _ in range(6):
+            stale += len(worker.api("GET", "job-e")[1]["webhooks"])
+            time.sleep(0.03)
+    assert stale == 0
 
     # A 256-rank failure published three times (the correlator may re-publish), plus other jobs.
     opened = make_incident("job-a", incident_id="a-1", world_size=256)
@@ -199,26 +212,34 @@ def test_registrations_survive_a_restart_and_each_job_gets_only_its_incidents(
           f"first notifications {first_latency:.2f}s after publishing")
 
 
-def test_receiver_down_20s_with_a_worker_kill_in_between_loses_nothing(
+def test_receiver_down_20s_with_worker_restarts_in_between_loses_nothing(
     tansu_broker: str, http_receiver: HttpReceiver, sink_worker: Any
 ) -> None:
+    """Down for 20 s; meanwhile the worker is stopped (SIGTERM) mid-retry, restarted, killed (SIGKILL)
+    mid-retry and restarted again. The notification arrives once the receiver is back, once."""
     worker = sink_worker(
         {"delivery": {"initial_backoff_s": 0.5, "max_backoff_s": 2, "budget_s": 180, "max_attempts": 500, "timeout_s": 2}}
     )
     worker.start()
     assert worker.api("PUT", "job-d", {"kind": "slack", "url": http_receiver.url("/services/T1/B1/d")})[0] == 201
 
+    def retrying_since(count: int) -> None:
+        deadline = time.monotonic() + 30
+        while worker.log_text().count("webhook d-1:1 ") <= count:
+            assert time.monotonic() < deadline, worker.log_tail()
+            time.sleep(0.2)
+
     http_receiver.go_down()
     down_at = time.monotonic()
     publish(tansu_broker, make_incident("job-d", incident_id="d-1"))
-    # The first worker takes the incident and retries against the closed port...
-    deadline = time.monotonic() + 30
-    while "webhook d-1:1" not in worker.log_text():
-        assert time.monotonic() < deadline, worker.log_tail()
-        time.sleep(0.2)
-    time.sleep(max(0.0, 5 - (time.monotonic() - down_at)))
-    # ...and is killed mid-retry: nothing was acked, so nothing was committed.
-    worker.stop(kill=True)
+    retrying_since(0)
+    stopping = time.monotonic()
+    worker.stop()  # SIGTERM mid-retry: nothing acked, so nothing committed; and no waiting for the retries
+    stop_s = time.monotonic() - stopping
+    seen = worker.log_text().count("webhook d-1:1 ")
+    worker.start()
+    retrying_since(seen)  # the restarted worker picked the incident up again
+    worker.stop(kill=True)  # SIGKILL mid-retry
     killed_at = time.monotonic() - down_at
     restart_s = worker.start()
     time.sleep(max(0.0, 20 - (time.monotonic() - down_at)))
@@ -230,8 +251,9 @@ def test_receiver_down_20s_with_a_worker_kill_in_between_loses_nothing(
     time.sleep(3)
     assert [r.webhook_id for r in http_receiver.requests] == ["d-1:1"]
     assert read_topic(tansu_broker, DEADLETTER, idle_s=1.0, timeout=10) == []
-    print(f"\nreceiver down 20s; worker killed at {killed_at:.1f}s, ready again in {restart_s:.1f}s; "
-          f"delivered {after_up:.2f}s after the receiver came back")
+    assert stop_s < 10, f"SIGTERM took {stop_s:.1f}s: the stop waited for the retries"
+    print(f"\nreceiver down 20s: worker stopped mid-retry in {stop_s:.1f}s, restarted, killed at {killed_at:.1f}s, "
+          f"ready again in {restart_s:.1f}s; delivered {after_up:.2f}s after the receiver came back")
 
 
 def test_configured_routes_retry_500s_and_dead_letter_final_failures(
@@ -265,20 +287,50 @@ def test_configured_routes_retry_500s_and_dead_letter_final_failures(
 
     http_receiver.expect_secret(None)
     http_receiver.answer_next(404)
-    publish(
-        tansu_broker,
-        make_incident("train-2", incident_id="t-2", class_="nccl_timeout"),  # -> chat, which answers 404
-        make_incident("other-1", incident_id="o-1"),  # matches no route
-        make_incident("train-3", incident_id="t-3"),  # the sink went on after the dead letter
-    )
+    publish(tansu_broker, make_incident("train-2", incident_id="t-2", class_="nccl_timeout"))  # -> chat: 404
     [record] = read_topic(tansu_broker, DEADLETTER, expect=1, timeout=60)
     dead = json.loads(record.value)
     assert dead["delivery_id"] == "t-2:1" and dead["reason"] == "final answer 404"
     assert dead["incident"]["incident_id"] == "t-2"
     assert "ChatPathSecret" not in record.value.decode()
+    # Partitions are processed independently, so these two go after the dead letter is written.
+    publish(
+        tansu_broker,
+        make_incident("other-1", incident_id="o-1"),  # matches no route
+        make_incident("train-3", incident_id="t-3"),  # the sink went on after the dead letter
+    )
     http_receiver.wait_for(2, delivered=True, path="/signed", timeout=60)
     time.sleep(2)
     assert ids_at(http_receiver, "/signed") == ["t-1:1", "t-1:1", "t-1:1", "t-3:1"]
     assert ids_at(http_receiver, "/services/T9/B9/ChatPathSecret") == ["t-2:1"]
     assert_no_secrets(worker.log_text(), secret, "ChatPathSecret", TOKEN)
     print(f"\n500, 500, 200 through the worker: delivered {retried_in:.2f}s after publishing")
+
+
+def test_a_second_worker_joins_mid_retry_uses_the_registration_and_nothing_is_sent_twice(
+    tansu_broker: str, http_receiver: HttpReceiver, sink_worker: Any, tmp_path: Path
+) -> None:
+    first = sink_worker(
+        {"delivery": {"initial_backoff_s": 0.5, "max_backoff_s": 2, "budget_s": 180, "max_attempts": 500, "timeout_s": 2}}
+    )
+    first.start()
+    second = SinkWorker(first.config, tmp_path / "worker-2.log")
+    try:
+        assert first.api("PUT", "job-m", {"url": http_receiver.url("/m")})[0] == 201
+        http_receiver.go_down()
+        publish(tansu_broker, *[make_incident("job-m", incident_id=f"m-{i}") for i in range(6)])
+        time.sleep(3)  # the first worker is retrying one of them
+        second.start()  # rebalance: one partition moves, possibly the one being retried
+        assert [w["target"] for w in second.api("GET", "job-m")[1]["webhooks"]] == [http_receiver.url("/m")]
+        time.sleep(5)
+        http_receiver.come_up()
+        http_receiver.wait_for(6, delivered=True, timeout=60)
+        time.sleep(3)
+        assert sorted(r.webhook_id or "" for r in http_receiver.requests) == [f"m-{i}:1" for i in range(6)]
+        handled = [w.log_text().count("notification(s)") for w in (first, second)]
+        abandoned = first.log_text().count("moved to another worker")
+        print(f"\ntwo workers, rebalance mid-retry: incidents notified {handled[0]} + {handled[1]}, "
+              f"{abandoned} in-flight delivery handed over; all 6 delivered once")
+        assert all(handled), "both workers should own a partition of the incidents topic"
+    finally:
+        second.stop()

@@ -17,10 +17,16 @@ import time
 from collections.abc import Mapping
 from typing import ClassVar
 
-from pydantic import SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from correlator.webhooks.notification import Notification
-from correlator.webhooks.receivers.base import OutboundRequest, Receiver, ReceiverConfig, UrlReceiverConfig, dumps
+from correlator.webhooks.receivers.base import (
+    OutboundRequest,
+    Receiver,
+    ReceiverConfig,
+    UrlReceiverConfig,
+    dumps,
+)
 
 SECRET_PREFIX = "whsec_"
 MIN_KEY_BYTES = 24
@@ -92,7 +98,7 @@ class GenericJsonConfig(UrlReceiverConfig):
     kind: str = "generic_json"
     secret: SecretStr | None = None
     # Extra request headers (an Authorization for a gateway, say): values are secrets.
-    headers: dict[str, SecretStr] = {}
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
 
     @field_validator("secret")
     @classmethod

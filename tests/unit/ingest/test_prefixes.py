@@ -39,6 +39,16 @@ GOLDEN: list[tuple[str, Identity]] = [
             severity="error",
         ),
     ),
+    # the same header without a source location (folly's fatal signal handler)
+    (
+        "[rank1]:[E514 18:02:10.221] *** Signal 7 (SIGBUS) received by PID 77120 ***",
+        Identity(
+            text="*** Signal 7 (SIGBUS) received by PID 77120 ***",
+            rank=1,
+            ts=utc(2025, 5, 14, 18, 2, 10, 221000),
+            severity="error",
+        ),
+    ),
     # pid in brackets in front of the rank prefix
     (
         "[51234] [rank6]:[W1107 08:00:01.000000500 TCPStore.cpp:131] [c10d] recvValue failed",

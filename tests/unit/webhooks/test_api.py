@@ -32,7 +32,7 @@ def test_writes_need_the_bearer_token() -> None:
     assert call(api, "DELETE", headers={}, query={"all": "true"}).status == 401
     assert call(api, "PUT", body=body).status == 201
     assert call(api, "PUT", body=body).status == 200  # same target: replaced, not duplicated
-    assert len(api.registry.list("job-a")) == 1
+    assert len(api.registry.for_job("job-a")) == 1
 
 
 def test_without_a_configured_token_writes_are_refused() -> None:
@@ -105,7 +105,7 @@ def test_inputs_are_validated(job_id: str, headers: dict[str, str], body: Any, s
     response = call(api, "PUT", job_id=job_id, headers=headers, body=body)
     assert response.status == status, response.body
     assert problem.lower() in response.body["error"].lower()
-    assert api.registry.list("job-a") == []
+    assert api.registry.for_job("job-a") == []
     if isinstance(body, dict) and "secret" in body:
         assert body["secret"] not in response.body["error"]
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import time
-from email.utils import format_datetime
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 
 import pytest
 
@@ -51,7 +52,7 @@ def test_500_twice_then_200_is_delivered_once_with_one_delivery_id(http_receiver
     assert {r.webhook_id for r in requests} == {"inc-llm-pretrain-7-0001:1"}
     assert len({r.body for r in requests}) == 1  # the same bytes on every try
     assert all(r.signature_valid for r in requests)  # each retry re-signed with a fresh timestamp, still valid
-    gaps = [b.received_at - a.received_at for a, b in zip(requests, requests[1:], strict=False)]
+    gaps = [b.received_at - a.received_at for a, b in itertools.pairwise(requests)]
     assert gaps[0] >= 0.025 and gaps[1] >= 0.05  # backed off (jittered: at least half the ceiling)
 
 
