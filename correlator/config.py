@@ -137,5 +137,14 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
             raise ValueError(f"{path}: the config file must be a mapping")
         data.update(loaded)
     env = Settings()  # environment only
-    merged = {**data, **env.model_dump(exclude_unset=True), **overrides}
+    # Merged per key, not per section: ROOTRANK_WEBHOOKS__API_TOKEN must not drop the file's webhooks routes.
+    merged = _deep_merge(_deep_merge(data, env.model_dump(exclude_unset=True)), overrides)
     return Settings.model_validate(merged)
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        current = out.get(key)
+        out[key] = _deep_merge(current, value) if isinstance(value, dict) and isinstance(current, dict) else value
+    return out

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from correlator.models import CollateralEntry, Evidence, Incident, Initiator, Signal
 from correlator.rules import Rule, RuleSet
@@ -68,26 +68,48 @@ class JobState(BaseModel):
     emitted: dict[str, str] = Field(default_factory=dict)
     revisions: dict[str, int] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
+    _index: dict[str, int] | None = PrivateAttr(default=None)
 
     def add(self, signal: Signal, now: float | None = None) -> bool:
-        """Add one signal; True when the state changed in a way that can change the diagnosis."""
+        """Add one signal; True when the state changed in a way that can change the diagnosis.
+
+        Repeats collapse per (rule, process): a failure keeps its earliest line, a progress marker
+        ("end") its latest, a metric observation its largest value (with the smallest in `metric_min`).
+        """
         if now is not None:
             self.last_update = now
         key = _dedupe_key(signal)
-        is_metric = "metric" in signal.fields or signal.fields.get("metric_value") is not None
-        if not is_metric:
-            for i, existing in enumerate(self.signals):
-                if _dedupe_key(existing) == key:
-                    self.repeats[key] = self.repeats.get(key, 0) + 1
-                    if _sort_key(signal) < _sort_key(existing):
-                        self.signals[i] = signal
-                        return True
-                    return False
-        if len(self.signals) >= MAX_SIGNALS_PER_JOB:
-            self.dropped += 1
+        index = self._key_index()
+        position = index.get(key)
+        if position is None:
+            if len(self.signals) >= MAX_SIGNALS_PER_JOB:
+                self.dropped += 1
+                return False
+            index[key] = len(self.signals)
+            self.signals.append(signal)
+            return True
+        self.repeats[key] = self.repeats.get(key, 0) + 1
+        existing = self.signals[position]
+        metric = signal.fields.get("metric")
+        if isinstance(metric, str):
+            new, old = signal.fields.get(metric), existing.fields.get(metric)
+            low = existing.fields.get("metric_min", old)
+            if isinstance(new, (int, float)) and isinstance(old, (int, float)):
+                low = min(new, low) if isinstance(low, (int, float)) else new
+                winner = signal if new > old else existing
+                self.signals[position] = winner.model_copy(update={"fields": {**winner.fields, "metric_min": low}})
+                return winner is signal
             return False
-        self.signals.append(signal)
-        return True
+        later_wins = signal.fields.get("marker") == "end"
+        if (_sort_key(signal) > _sort_key(existing)) if later_wins else (_sort_key(signal) < _sort_key(existing)):
+            self.signals[position] = signal
+            return True
+        return False
+
+    def _key_index(self) -> dict[str, int]:
+        if self._index is None or len(self._index) != len(self.signals):
+            self._index = {_dedupe_key(s): i for i, s in enumerate(self.signals)}
+        return self._index
 
     def add_all(self, signals: Iterable[Signal], now: float | None = None) -> None:
         for signal in signals:
@@ -310,7 +332,7 @@ class Engine:
                     continue
             if rule.absence is not None:
                 ended = any(
-                    _same_process(m, s) and timeline.key(m) > timeline.key(s)
+                    (rule.absence.progress or _same_process(m, s)) and timeline.key(m) > timeline.key(s)
                     for m in markers.get((rule.id, "end"), [])
                 )
                 if ended or t is None or clock is None or clock - t < rule.absence.deadline_s:

@@ -24,6 +24,8 @@ from correlator.rules import Rule, RuleSet
 ExprRole = Literal["main", "after", "end"]
 
 _BASE_FLAGS = hyperscan.HS_FLAG_MULTILINE
+FREQUENT_CAP = 1024
+SAMPLE_BLOCK = 256 * 1024
 
 
 def _flags(caseless: bool) -> int:
@@ -66,8 +68,8 @@ class Matcher:
         self.ruleset = ruleset
         self.rules: list[Rule] = [lr.rule for lr in ruleset.rules]
         self.exprs: list[Expr] = []
-        patterns: list[bytes] = []
-        flags: list[int] = []
+        main: list[tuple[int, bytes, int]] = []
+        sampled: list[tuple[int, bytes, int]] = []
         for index, rule in enumerate(self.rules):
             groups: list[tuple[ExprRole, list[str]]] = [("main", rule.patterns)]
             if rule.sequence is not None:
@@ -76,11 +78,23 @@ class Matcher:
                 groups.append(("end", rule.absence.end))
             for role, pats in groups:
                 for pattern in pats:
+                    frequent = (role == "end" and rule.absence is not None and rule.absence.progress) or (
+                        rule.metric is not None and role == "main"
+                    )
+                    target = sampled if frequent else main
+                    target.append((len(self.exprs), pattern.encode("utf-8"), _flags(rule.caseless)))
                     self.exprs.append(Expr(index, role))
-                    patterns.append(pattern.encode("utf-8"))
-                    flags.append(_flags(rule.caseless))
+        self._frequent: list[bool] = [e.role == "end" for e in self.exprs]
         self._extractors: list[list[re.Pattern[str]]] = [self._compile_extractors(r) for r in self.rules]
-        self.db = self._load_or_compile(patterns, flags, use_cache)
+        self.db = self._load_or_compile(main, use_cache)
+        # Metric observations (a grad norm per step per rank) and progress markers (the "end" of
+        # absence rules: a loss line) can be on most lines of a log. They are sampled: at most one
+        # hit per pattern per SAMPLE_BLOCK bytes, found with SINGLEMATCH, which keeps both the scan
+        # and the Python callbacks off the hot path. Failure signatures are never sampled.
+        self.sampled_db = (
+            self._load_or_compile([(i, p, f | hyperscan.HS_FLAG_SINGLEMATCH) for i, p, f in sampled], use_cache)
+            if sampled else None
+        )
         self._hits: list[tuple[int, int]] = []
 
     @staticmethod
@@ -95,9 +109,12 @@ class Matcher:
                 out.append(compiled)
         return out
 
-    def _load_or_compile(self, patterns: list[bytes], flags: list[int], use_cache: bool) -> hyperscan.Database:
+    def _load_or_compile(self, exprs: list[tuple[int, bytes, int]], use_cache: bool) -> hyperscan.Database:
+        ids = [i for i, _, _ in exprs]
+        patterns = [p for _, p, _ in exprs]
+        flags = [f for _, _, f in exprs]
         key = hashlib.sha256(
-            b"\0".join(patterns) + repr(flags).encode() + hyperscan.__version__.encode()
+            b"\0".join(patterns) + repr((ids, flags)).encode() + hyperscan.__version__.encode()
         ).hexdigest()[:20]
         path = _cache_dir() / f"hs-{key}.db"
         if use_cache and path.exists():
@@ -108,7 +125,7 @@ class Matcher:
             except Exception:
                 pass  # a stale or torn cache file is rebuilt below
         db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        db.compile(expressions=patterns, ids=list(range(len(patterns))), flags=flags)
+        db.compile(expressions=patterns, ids=ids, flags=flags)
         if use_cache:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,18 +140,53 @@ class Matcher:
         self._hits.append((to, expr_id))
 
     def scan_raw(self, buf: bytes) -> list[tuple[int, int]]:
-        """(end offset, expression id) for every match in `buf`."""
+        """(end offset, expression id) for every match in `buf` (metric patterns: sampled per block)."""
         self._hits = []
         if buf:
             self.db.scan(buf, match_event_handler=self._on_match)
+            if self.sampled_db is not None:
+                self._scan_sampled(buf)
         hits, self._hits = self._hits, []
         return hits
 
-    def scan_buffer(self, buf: bytes) -> list[Hit]:
-        """Matches in a newline-separated buffer, one Hit per (line, rule, role), in buffer order."""
+    def _scan_sampled(self, buf: bytes) -> None:
+        assert self.sampled_db is not None
+        view = memoryview(buf)
+        start = 0
+        while start < len(buf):
+            end = buf.find(b"\n", min(start + SAMPLE_BLOCK, len(buf)))
+            end = len(buf) if end < 0 else end
+            base = start
+            hits: list[tuple[int, int]] = []
+            self.sampled_db.scan(
+                bytes(view[start:end]), match_event_handler=lambda i, _f, to, _fl, _c: hits.append((base + to, i))
+            )
+            self._hits.extend(hits)
+            start = end + 1
+
+    def scan_buffer(self, buf: bytes, *, frequent_cap: int = FREQUENT_CAP) -> list[Hit]:
+        """Matches in a newline-separated buffer, one Hit per (line, rule, role), in buffer order.
+
+        Progress markers ("end" of absence rules) can hit every training-step line. Per buffer only
+        the latest `frequent_cap` are kept: absence rules ask "did this rank progress after the start".
+        """
+        raw = self.scan_raw(buf)
+        frequent: dict[int, list[tuple[int, int]]] = {}
+        plain: list[tuple[int, int]] = []
+        for item in raw:
+            if self._frequent[item[1]]:
+                frequent.setdefault(item[1], []).append(item)
+            else:
+                plain.append(item)
+        for expr_id, items in frequent.items():
+            if len(items) > frequent_cap:
+                role = self.exprs[expr_id].role
+                if role == "end":
+                    items = items[-frequent_cap:]
+            plain.extend(items)
         seen: set[tuple[int, int, str]] = set()
         out: list[Hit] = []
-        for to, expr_id in self.scan_raw(buf):
+        for to, expr_id in plain:
             expr = self.exprs[expr_id]
             probe = to - 1 if to > 0 and buf[to - 1 : to] == b"\n" else to
             start = buf.rfind(b"\n", 0, max(probe, 0)) + 1

@@ -66,6 +66,13 @@ class Absence(BaseModel):
 
     end: list[str] = Field(min_length=1)
     deadline_s: float = Field(gt=0)
+    progress: bool = Field(
+        default=False,
+        description=(
+            "end markers are routine progress lines (loss/step lines): they are sampled, and any process's "
+            "progress after the start clears it (a synchronous job cannot progress while one rank hangs)"
+        ),
+    )
 
 
 class Metric(BaseModel):

@@ -81,6 +81,8 @@ class SignalExtractor:
                     identity[name] = value if name in ("gpu", "host") else _coerce(value)
                 else:
                     fields[name] = _coerce(value)
+            if rule.metric is not None and rule.metric.field in fields:
+                fields["metric"] = rule.metric.field
         else:
             fields["marker"] = hit.role
         is_fact = rule.kind == "fact" or hit.role != "main"

@@ -837,6 +837,8 @@ class _Scenario:
             exit_t = t
             for p in self.procs:
                 tp = t + self.jitter(0.4)
+                if rule is not None and rule.sequence is not None:
+                    self.sequence_marker(tp - 1.5, p, rule)  # e.g. every rank starts loading the same checkpoint
                 end = self.failure_lines_for(tp, p, rule, failures)
                 exit_t = max(exit_t, end)
             self.failure_lines = list(dict.fromkeys(self.failure_lines))

@@ -19,11 +19,15 @@ batch's stable line offsets).
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
+import itertools
 import fcntl
+import gc
 import hashlib
 import logging
+import operator
 import os
 import signal
 import socket
@@ -219,7 +223,12 @@ def _compression(name: str) -> str | None:
 
 
 class Sender:
-    """Messages to Kafka, or to the disk spool while Kafka cannot take them; drains the spool in order."""
+    """Messages to Kafka, or to the disk spool while Kafka cannot take them; a thread drains the spool.
+
+    New messages go straight to the producer whenever it is healthy, also while the spool is
+    still being drained: order between messages does not matter downstream (every line carries
+    its stream's line number and its time), and a backlog must not slow the live stream.
+    """
 
     def __init__(self, options: ShipOptions, spool: Spool, stats: ShipStats) -> None:
         self.options = options
@@ -227,9 +236,7 @@ class Sender:
         self.stats = stats
         self._producer: Any = None
         self._lock = threading.Lock()
-        # Spooling: everything goes to the spool (broker down, or the spool is not drained yet,
-        # so new messages queue behind the old ones).
-        self._spooling = True
+        self._healthy = False  # the producer exists and its last delivery worked
         self._in_flight = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -260,18 +267,11 @@ class Sender:
         )
         return KafkaProducer(**config)
 
-    def _ensure_producer(self) -> Any:
-        if self._producer is None:
-            self._producer = self._make_producer()
-        return self._producer
-
     # --- sending ---------------------------------------------------------------------------------
 
     def submit(self, message: Message) -> None:
         self.stats.messages += 1
-        with self._lock:
-            spooling = self._spooling or self._producer is None
-        if spooling:
+        if not self._healthy:
             self._to_spool(message)
             return
         try:
@@ -279,7 +279,7 @@ class Sender:
                                          timestamp_ms=message.timestamp_ms)
         except Exception as exc:  # buffer full / no metadata: the broker is not taking messages
             log.debug("send failed (%s); spooling", exc)
-            self._start_spooling()
+            self._unhealthy()
             self._to_spool(message)
             return
         with self._lock:
@@ -290,8 +290,8 @@ class Sender:
     def _on_ack(self, message: Message, _metadata: Any) -> None:
         with self._lock:
             self._in_flight -= 1
-        self.stats.acked_messages += 1
-        self.stats.acked_lines += message.lines
+            self.stats.acked_messages += 1
+            self.stats.acked_lines += message.lines
         if message.on_durable:
             message.on_durable(message.seq)
 
@@ -299,12 +299,11 @@ class Sender:
         log.debug("delivery failed (%s); spooling", exc)
         with self._lock:
             self._in_flight -= 1
-        self._start_spooling()
+        self._unhealthy()
         self._to_spool(message)
 
-    def _start_spooling(self) -> None:
-        with self._lock:
-            self._spooling = True
+    def _unhealthy(self) -> None:
+        self._healthy = False
         self._wake.set()
 
     def _to_spool(self, message: Message) -> None:
@@ -320,37 +319,37 @@ class Sender:
         self._wake.set()
 
     def _drain_loop(self) -> None:
-        """Send the spool head-first, a window of messages at a time; pop each once acknowledged."""
+        """Create the producer, then send the spool head-first, a window at a time; pop each once
+        acknowledged. A successful window marks the producer healthy again."""
         backoff = 0.2
         last_problem = ""
         while not self._stop.is_set():
-            if not len(self.spool):
-                with self._lock:
-                    if self._producer is not None:
-                        self._spooling = False
-                if self._producer is not None:
+            try:
+                if self._producer is None:
+                    self._producer = self._make_producer()
+                window = [_unpack_message(raw) for raw in self.spool.peek_many(64)]
+                if not window:
+                    self._healthy = True
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
-            try:
-                producer = self._ensure_producer()
-                window = [_unpack_message(raw) for raw in self.spool.peek_many(64)]
-                if not window:
-                    continue
                 futures = [
-                    producer.send(self.options.topic, key=m.key, value=m.value, timestamp_ms=m.timestamp_ms)
+                    self._producer.send(self.options.topic, key=m.key, value=m.value, timestamp_ms=m.timestamp_ms)
                     for m in window
                 ]
                 for message, future in zip(window, futures):
-                    future.get(timeout=self.options.send_timeout_s)
+                    future.get(timeout=self.options.send_timeout_s + 5)
                     self.spool.pop()
-                    self.stats.acked_messages += 1
-                    self.stats.acked_lines += message.lines
+                    with self._lock:
+                        self.stats.acked_messages += 1
+                        self.stats.acked_lines += message.lines
+                self._healthy = True
                 backoff = 0.2
                 if last_problem:
                     log.warning("Kafka is taking messages again; %d still spooled", len(self.spool))
                     last_problem = ""
             except Exception as exc:
+                self._healthy = False
                 problem = f"{type(exc).__name__}: {exc}"
                 if problem != last_problem:  # say it once, not on every retry
                     log.warning("Kafka not taking messages (%s); spooling, retrying", problem)
@@ -363,10 +362,10 @@ class Sender:
     def close(self, timeout_s: float) -> None:
         """Send what is in flight and in the spool for up to `timeout_s`; the rest stays spooled."""
         deadline = time.monotonic() + timeout_s
-        if self._producer is not None:
-            with contextlib.suppress(Exception):
-                self._producer.flush(timeout=max(0.1, deadline - time.monotonic()))
         while time.monotonic() < deadline:
+            if self._producer is not None:
+                with contextlib.suppress(Exception):
+                    self._producer.flush(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
             with self._lock:
                 idle = self._in_flight == 0
             if idle and not len(self.spool):
@@ -375,7 +374,7 @@ class Sender:
             time.sleep(0.05)
         self._stop.set()
         self._wake.set()
-        self._drainer.join(timeout=max(1.0, self.options.send_timeout_s))
+        self._drainer.join(timeout=max(1.0, self.options.send_timeout_s + 5))
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 self._producer.close(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
@@ -477,56 +476,65 @@ class Batcher:
         return max(0.01, oldest + self.options.linger_s - time.monotonic())
 
     def _take(self, chunk: Chunk) -> None:
+        """Split a chunk into lines once, in C (decode + split), and hand them to the open batch.
+
+        Blank lines are shipped too (the worker skips them), so a line's number is its batch's
+        `offset` plus its index, with no per-line work here; "\r" of CRLF is left to the decoder.
+        """
         source = self.sources[chunk.source_id]
         data = source.carry + chunk.data if source.carry else chunk.data
-        parts = data.split(b"\n")
-        source.carry = parts.pop()
-        if chunk.eof and source.carry:
-            parts.append(source.carry)
-            source.carry = b""
+        cut = data.rfind(b"\n")
+        if chunk.eof:
+            body, source.carry, complete = data, b"", bool(data)
+        elif cut < 0:
+            body, source.carry, complete = b"", data, False
+        else:
+            body, source.carry, complete = data[:cut], data[cut + 1 :], True
         if chunk.inode is not None:
             source.inode = chunk.inode
         if chunk.end_pos is not None:
             source.pos = chunk.end_pos - len(source.carry)
-        if parts:
-            self._add_lines(source, parts, chunk.read_ts)
+        if complete:
+            self._add_texts(source, body.decode("utf-8", "replace").split("\n"), chunk.read_ts)
         elif chunk.end_pos is not None and source.id in self._batches:
             self._batches[source.id].position = self._position(source)
-        if chunk.eof and chunk.end_pos is None:  # the stream ended (files: one generation ended)
+        if chunk.eof:
+            # A stream ended (end_pos None), or one generation of a rotated/truncated file did.
             self._flush(source.id)
-            self._open_sources.discard(source.id)
-        elif chunk.eof:
-            self._flush(source.id)
+            if chunk.end_pos is None:
+                self._open_sources.discard(source.id)
 
     def _position(self, source: Source) -> dict[str, int] | None:
         if source.file is None or source.inode is None:
             return None
         return {"inode": source.inode, "pos": source.pos, "line": source.next_line}
 
-    def _add_lines(self, source: Source, parts: list[bytes], read_ts: float | None) -> None:
-        stream = source.stream
+    def _add_texts(self, source: Source, texts: list[str], read_ts: float | None) -> None:
         max_bytes = self.options.batch_max_bytes
-        batch = self._batches.get(source.id)
-        for raw in parts:
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
-            if not raw.strip():
-                source.next_line += 1  # blank lines keep their number, so offsets match the file
-                continue
-            text = raw.decode("utf-8", "replace")
-            size = len(raw) + 32
-            if batch is not None and batch.size + size > max_bytes:
-                self._flush(source.id)
-                batch = None
+        # Running size of the lines (characters + JSON overhead): where each batch must end.
+        ends = list(itertools.accumulate(map(operator.add, map(len, texts), itertools.repeat(24)), initial=0))
+        start = 0
+        while start < len(texts):
+            batch = self._batches.get(source.id)
             if batch is None:
                 batch = _Batch(first_line=source.next_line, started=time.monotonic())
                 self._batches[source.id] = batch
-            if not batch.lines:
-                batch.first_line = source.next_line
-            batch.lines.append((read_ts, stream, text))
-            batch.size += size
-            source.next_line += 1
-            self.stats.lines += 1
+            room = max_bytes - batch.size
+            stop = bisect.bisect_right(ends, ends[start] + room, lo=start + 1) - 1
+            if stop <= start:
+                if batch.lines:  # full: ship it and start the next one with this line
+                    self._flush(source.id)
+                    continue
+                stop = start + 1  # one line larger than a batch: alone (encode_batches cuts it)
+            segment = texts[start:stop]
+            batch.lines.extend([(read_ts, source.stream, text) for text in segment])
+            batch.size += ends[stop] - ends[start]
+            source.next_line += len(segment)
+            self.stats.lines += len(segment)
+            start = stop
+            if batch.size >= max_bytes:
+                self._flush(source.id)
+        batch = self._batches.get(source.id)
         if batch is not None:
             batch.position = self._position(source)
 
@@ -696,20 +704,123 @@ def run_ship(options: ShipOptions, *, files: Sequence[str] = (), command: Sequen
         options.attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     # Hand the GIL over quickly, so the pipe readers run as soon as the child writes.
     sys.setswitchinterval(0.001)
+    # Batches are millions of short-lived tuples and no cycles: collecting them is pure overhead.
+    gc.set_threshold(200_000, 50, 100)
     with _locked_dir(Path(options.state_dir), _state_key(options, files, command)) as state:
         return _run(options, state, list(files), list(command))
 
 
-def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]) -> int:
+# Parent -> shipping process: one frame per chunk (or a source's pid, once the command started).
+_FRAME = struct.Struct(">BHdqQ?qI")
+_FRAME_CHUNK, _FRAME_PID = 0, 1
+
+
+def _forward_frames(fd: int, queue: ChunkQueue, open_sources: int) -> None:
+    """Parent side: chunks to the shipping process, until every source ended. Blocking writes are
+    fine here: the readers never wait for this thread, the queue (and its disk overflow) absorbs."""
+    with os.fdopen(fd, "wb", buffering=READ_CHUNK) as pipe:
+        while open_sources:
+            chunk = queue.get(timeout=0.5)
+            if chunk is None:
+                continue
+            pipe.write(_FRAME.pack(_FRAME_CHUNK, chunk.source_id, chunk.read_ts if chunk.read_ts is not None else -1.0,
+                                   chunk.end_pos if chunk.end_pos is not None else -1, chunk.inode or 0, chunk.eof,
+                                   0, len(chunk.data)))
+            pipe.write(chunk.data)
+            pipe.flush()  # chunks are already large; followed files must not wait for more
+            if chunk.eof and chunk.end_pos is None:
+                open_sources -= 1
+
+
+def _send_pid(fd: int, source_id: int, pid: int) -> None:
+    os.write(fd, _FRAME.pack(_FRAME_PID, source_id, -1.0, -1, 0, False, pid, 0))
+
+
+class _FrameQueue:
+    """Shipping-process side: frames from the parent as chunks, with backpressure (bounded)."""
+
+    def __init__(self, fd: int, sources: dict[int, Source]) -> None:
+        import queue as queue_mod
+
+        self._queue: queue_mod.Queue[Chunk] = queue_mod.Queue(maxsize=32)
+        self._empty = queue_mod.Empty
+        self._sources = sources
+        self._thread = threading.Thread(target=self._read, args=(fd,), name="ship-frames", daemon=True)
+        self._thread.start()
+
+    def _read(self, fd: int) -> None:
+        ended: set[int] = set()
+        with os.fdopen(fd, "rb", buffering=READ_CHUNK) as pipe:
+            while True:
+                header = pipe.read(_FRAME.size)
+                if len(header) < _FRAME.size:
+                    break
+                kind, source_id, ts, end_pos, inode, eof, pid, length = _FRAME.unpack(header)
+                data = pipe.read(length) if length else b""
+                if kind == _FRAME_PID:
+                    self._sources[source_id].pid = pid
+                    continue
+                chunk = Chunk(source_id, data, None if ts < 0 else ts, None if end_pos < 0 else end_pos,
+                              inode or None, eof)
+                self._queue.put(chunk)
+                if eof and chunk.end_pos is None:
+                    ended.add(source_id)
+        # The parent is gone (or done): end every stream it did not end, so the batcher finishes.
+        for source_id in self._sources:
+            if source_id not in ended:
+                self._queue.put(Chunk(source_id, b"", None, eof=True))
+
+    def get(self, timeout: float) -> Chunk | None:
+        try:
+            return self._queue.get(timeout=timeout)
+        except self._empty:
+            return None
+
+
+def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[int, Source]) -> int:
+    """The forked process that batches and sends, at low CPU priority: the wrapped command (and the
+    parent that passes its output through) always come first."""
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        # It stops when the parent's stream ends, after draining (bounded by drain_timeout_s).
+        signal.signal(signum, signal.SIG_IGN)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # never holds the parent's stdout open (a `| tee` downstream sees EOF in time)
+    os.close(devnull)
     stats = ShipStats()
     spool = Spool(state / "spool", options.spool_max_bytes)
-    queue = ChunkQueue(options.queue_max_bytes, state / "overflow", options.spool_max_bytes)
     positions = Positions(state / "positions.json")
     sender = Sender(options, spool, stats)
-    stop = threading.Event()
+    frames = _FrameQueue(fd, sources)
+    batcher = Batcher(options, sources, frames, sender, positions, stats)  # type: ignore[arg-type]
+    saver_stop = threading.Event()
+
+    def save_positions() -> None:
+        while not saver_stop.wait(1.0):
+            positions.save()
+
+    threading.Thread(target=save_positions, name="ship-positions", daemon=True).start()
+    try:
+        batcher.run(threading.Event())
+    finally:
+        sender.close(options.drain_timeout_s)
+        saver_stop.set()
+        positions.save()
+    print(
+        f"rootrank ship: {stats.lines} lines in {stats.messages} messages; "
+        f"{stats.acked_messages} acknowledged, {stats.spooled_messages} went through the spool, "
+        f"{stats.pending_messages} still spooled in {state / 'spool'}"
+        + (f", {stats.dropped_lines} lines dropped (spool full)" if stats.dropped_lines else ""),
+        file=sys.stderr, flush=True,
+    )
+    return 1 if stats.dropped_lines else 0
+
+
+def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]) -> int:
+    """Two processes: this one reads the inputs (and passes a wrapped command's output through);
+    a forked, lower-priority one batches and sends. Only chunks cross, through a pipe."""
     sources: dict[int, Source] = {}
-    threads: list[threading.Thread] = []
-    child: subprocess.Popen[bytes] | None = None
 
     def add_source(**kw: Any) -> Source:
         source = Source(id=len(sources), **kw)
@@ -717,30 +828,62 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
         return source
 
     if command:
+        for name in ("stdout", "stderr"):
+            add_source(name=name, stream=name)
+    elif files:
+        for path in files:
+            add_source(name=str(Path(path).resolve()), file=path)
+    else:
+        add_source(name="stdin")
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    shipper_pid = os.fork()
+    if shipper_pid == 0:  # the shipping process
+        code = 1
+        try:
+            os.close(write_end)
+            code = _shipping_process(read_end, options, state, sources)
+        except BaseException:
+            log.exception("shipping process failed")
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(read_end)
+
+    queue = ChunkQueue(options.queue_max_bytes, state / "overflow", options.spool_max_bytes)
+    positions = Positions(state / "positions.json")  # read-only here: where followed files resume
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    child: subprocess.Popen[bytes] | None = None
+    if command:
         try:
             child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
         except OSError as exc:
             print(f"rootrank ship: cannot run {command[0]}: {exc}", file=sys.stderr)
+            for source in sources.values():
+                queue.put(Chunk(source.id, b"", None, eof=True))
+            _forward_frames(write_end, queue, len(sources))
+            os.waitpid(shipper_pid, 0)
             return 127
         assert child.stdout is not None and child.stderr is not None
-        for name, pipe, out_fd in (("stdout", child.stdout, 1), ("stderr", child.stderr, 2)):
-            source = add_source(name=name, stream=name, pid=child.pid)
+        for source, pipe, out_fd in ((sources[0], child.stdout, 1), (sources[1], child.stderr, 2)):
+            source.pid = child.pid
+            _send_pid(write_end, source.id, child.pid)
             threads.append(threading.Thread(target=pipe_reader, args=(pipe.fileno(), source, queue, out_fd),
-                                            name=f"ship-{name}", daemon=True))
+                                            name=f"ship-{source.name}", daemon=True))
     elif files:
-        for path in files:
-            source = add_source(name=str(Path(path).resolve()), file=path)
+        for source in sources.values():
             threads.append(threading.Thread(target=file_reader,
-                                            args=(Path(path), source, queue, positions, options, stop),
+                                            args=(Path(source.file or ""), source, queue, positions, options, stop),
                                             name=f"ship-file-{source.id}", daemon=True))
     else:
-        source = add_source(name="stdin")
         threads.append(threading.Thread(target=pipe_reader,
-                                        args=(sys.stdin.fileno(), source, queue, 1 if options.tee else None),
+                                        args=(sys.stdin.fileno(), sources[0], queue, 1 if options.tee else None),
                                         name="ship-stdin", daemon=True))
-
-    batcher = Batcher(options, sources, queue, sender, positions, stats)
-    batcher_thread = threading.Thread(target=batcher.run, args=(stop,), name="ship-batcher", daemon=True)
+    forwarder = threading.Thread(target=_forward_frames, args=(write_end, queue, len(sources)),
+                                 name="ship-forward", daemon=True)
 
     def forward(signum: int, _frame: Any) -> None:
         if child is not None and child.poll() is None:
@@ -756,43 +899,25 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
             previous[signum] = signal.signal(signum, signal.SIG_IGN)
         else:
             previous[signum] = signal.signal(signum, forward)
-
     for thread in threads:
         thread.start()
-    batcher_thread.start()
-    saver_stop = threading.Event()
-
-    def save_positions() -> None:
-        while not saver_stop.wait(1.0):
-            positions.save()
-
-    saver = threading.Thread(target=save_positions, name="ship-positions", daemon=True)
-    saver.start()
+    forwarder.start()
     code = 0
     try:
         if child is not None:
             code = child.wait()
             if code < 0:
                 code = 128 - code  # killed by a signal: report it like a shell does
-        for thread in threads:
+        for thread in [*threads, forwarder]:
             while thread.is_alive():
                 thread.join(0.2)
-        batcher_thread.join()
+        _, status = os.waitpid(shipper_pid, 0)
     finally:
         stop.set()
-        sender.close(options.drain_timeout_s)
-        saver_stop.set()
-        positions.save()
         queue.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    print(
-        f"rootrank ship: {stats.lines} lines in {stats.messages} messages; "
-        f"{stats.acked_messages} acknowledged, {stats.spooled_messages} went through the spool, "
-        f"{stats.pending_messages} still spooled in {state / 'spool'}"
-        + (f", {stats.dropped_lines} lines dropped (spool full)" if stats.dropped_lines else ""),
-        file=sys.stderr,
-    )
-    if code == 0 and (stats.dropped_lines or queue.dropped_bytes):
+    shipper_failed = os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0 or os.WIFSIGNALED(status)
+    if code == 0 and (shipper_failed or queue.dropped_bytes):
         return 1
     return code

@@ -255,7 +255,8 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
     @app.timer(interval=3600.0)  # type: ignore[untyped-decorator]
     async def close_idle_http() -> None:
         # Keep-alive connections to receivers that were notified once are not kept for days.
-        await sink.dispatcher.deliverer.close()
+        if not in_flight:
+            await sink.dispatcher.deliverer.close()
 
     host = web_app or app
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from correlator.models import Incident
 from correlator.webhooks.delivery import Deliverer, DeliveryResult
-from correlator.webhooks.notification import Notification, redact_url, transition_marker
+from correlator.webhooks.notification import PRIVATE_LABEL_PREFIX, Notification, redact_url, transition_marker
 from correlator.webhooks.receivers import Receiver, build_receiver
 from correlator.webhooks.receivers.base import short_hash
 from correlator.webhooks.registry import Registry
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rootrank.webhooks")
 
-LABEL_WEBHOOK_URL = "rootrank.webhook"
-LABEL_WEBHOOK_KIND = "rootrank.webhook.kind"
+LABEL_WEBHOOK_URL = PRIVATE_LABEL_PREFIX
+LABEL_WEBHOOK_KIND = PRIVATE_LABEL_PREFIX + ".kind"
 LABEL_WEBHOOK_KINDS = ("generic_json", "slack", "alertmanager")
 
 DeadLetterFn = Callable[[dict[str, Any]], Awaitable[None]]

@@ -11,6 +11,9 @@ from correlator.models import Incident, Severity
 
 Transition = Literal["opened", "revised", "closed"]
 
+# Labels a job may use to name its own webhook (rootrank.webhook, rootrank.webhook.kind).
+PRIVATE_LABEL_PREFIX = "rootrank.webhook"
+
 SEVERITY_RANK: dict[str, int] = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 
 
@@ -85,6 +88,11 @@ class Notification:
 
     @classmethod
     def for_incident(cls, incident: Incident, kibana_base_url: str | None) -> Notification:
+        # A label-declared webhook URL is a credential of that job: it is used, never forwarded.
+        private = [key for key in incident.labels if key.startswith(PRIVATE_LABEL_PREFIX)]
+        if private:
+            labels = {k: v for k, v in incident.labels.items() if not k.startswith(PRIVATE_LABEL_PREFIX)}
+            incident = incident.model_copy(update={"labels": labels})
         return cls(
             incident=incident,
             transition=transition_of(incident),

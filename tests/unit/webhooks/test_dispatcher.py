@@ -119,6 +119,9 @@ def test_label_webhooks_are_off_by_default(http_receiver: HttpReceiver) -> None:
     assert http_receiver.requests == []
     run_all(new_dispatcher(allow_label_webhooks=True), [labelled])
     assert [r.path for r in http_receiver.requests] == ["/label"]
+    # The job's webhook URL is used, not forwarded inside the notification.
+    assert b"/label" not in http_receiver.requests[0].body
+    assert json.loads(http_receiver.requests[0].body)["data"]["incident"]["labels"] == {}
     bad = make_incident("job-a", incident_id="z", labels={"rootrank.webhook": "file:///etc/passwd"})
     assert run_all(new_dispatcher(allow_label_webhooks=True), [bad]) == []
 
