@@ -21,6 +21,15 @@ def _cmd_rules_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rules_schema(_args: argparse.Namespace) -> int:
+    import json
+
+    from correlator.rules import rule_json_schema
+
+    print(json.dumps(rule_json_schema(), indent=2))
+    return 0
+
+
 def _cmd_rules_test(args: argparse.Namespace) -> int:
     from correlator.matcher import Matcher
     from correlator.ruletest import run_data_file, run_examples
@@ -621,6 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate = rules_sub.add_parser("validate", help="check every rule file; problems print as file:line: what")
     validate.add_argument("dir", nargs="?", help="rules folder (default: the installed library)")
     validate.set_defaults(func=_cmd_rules_validate)
+    schema = rules_sub.add_parser("schema", help="print the rule file JSON Schema (for editors and CI)")
+    schema.set_defaults(func=_cmd_rules_schema)
     test = rules_sub.add_parser("test", help="run every rule's match/no_match examples")
     test.add_argument("dir", nargs="?", help="rules folder (default: the installed library)")
     test.add_argument("--data", help="also count hits per rule over this log file")
