@@ -171,20 +171,22 @@ class Pipeline:
 
 def _build_match(app: faust.App, settings: Settings, pipeline: Pipeline) -> None:
     topics, engine = settings.topics, settings.engine
-    raw = {"key_serializer": "raw", "value_serializer": "raw"}
+    raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
+    processor = MatchProcessor(
+        pipeline.extractor,
+        max_value_bytes=engine.max_value_bytes,
+        invalid_utf8=engine.invalid_utf8,
+        job_path_regex=engine.job_path_regex,
+        # base64 grows by 4/3; leave room for the rest of the record.
+        deadletter_max_raw_bytes=max(1024, settings.kafka.max_request_bytes * 3 // 4 - 65536),
+    )
+    _install_rules_reload(app, settings, pipeline, lambda live: setattr(processor, "extractor", live.extractor))
     make_match_agent(
         app,
         app.topic(topics.logs, internal=False, **raw),
         app.topic(topics.signals, internal=False, **raw),
         app.topic(topics.deadletter, internal=False, **raw),
-        MatchProcessor(
-            pipeline.extractor,
-            max_value_bytes=engine.max_value_bytes,
-            invalid_utf8=engine.invalid_utf8,
-            job_path_regex=engine.job_path_regex,
-            # base64 grows by 4/3; leave room for the rest of the record.
-            deadletter_max_raw_bytes=max(1024, settings.kafka.max_request_bytes * 3 // 4 - 65536),
-        ),
+        processor,
         batch_size=engine.batch_size,
         batch_within_s=engine.batch_within_s,
     )
@@ -192,7 +194,7 @@ def _build_match(app: faust.App, settings: Settings, pipeline: Pipeline) -> None
 
 def _build_correlate(app: faust.App, settings: Settings, pipeline: Pipeline) -> None:
     topics, engine = settings.topics, settings.engine
-    raw = {"key_serializer": "raw", "value_serializer": "raw"}
+    raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
     signals = app.topic(topics.signals, internal=False, **raw)
     table = app.Table(
         JOBS_TABLE,
@@ -205,12 +207,14 @@ def _build_correlate(app: faust.App, settings: Settings, pipeline: Pipeline) -> 
         # one batch mixes partitions.
         use_partitioner=True,
     )
+    correlator = JobCorrelator(pipeline.engine, quiet_window_s=engine.quiet_window_s)
+    _install_rules_reload(app, settings, pipeline, lambda live: setattr(correlator, "engine", live.engine))
     make_correlate_agent(
         app,
         signals,
         app.topic(topics.incidents, internal=False, **raw),
         table,
-        JobCorrelator(pipeline.engine, quiet_window_s=engine.quiet_window_s),
+        correlator,
         batch_size=engine.batch_size,
         batch_within_s=engine.batch_within_s,
     )
@@ -222,6 +226,16 @@ def _build_correlate(app: faust.App, settings: Settings, pipeline: Pipeline) -> 
         interval_s=engine.tick_interval_s,
         signals_topic=topics.signals,
     )
+
+
+def _install_rules_reload(app: faust.App, settings: Settings, pipeline: Pipeline, repoint: Any) -> None:
+    """Hot reload of the rules (correlator/rules_reload.py): `repoint(live_rules)` re-points this
+    role's agent at a new rule set; one reloader (file poll + SIGHUP) per process."""
+    from correlator.rules_reload import pipeline_reloader
+
+    reloader = pipeline_reloader(pipeline)
+    reloader.subscribe(repoint)
+    reloader.install(app, settings.engine.rules_reload_s)
 
 
 _CORE_BUILDERS: dict[str, RoleBuilder] = {MATCH_ROLE: _build_match, CORRELATE_ROLE: _build_correlate}
@@ -259,7 +273,17 @@ def build_apps(settings: Settings, roles: list[str], *, web_port: int | None = N
                **overrides: Any) -> list[faust.App]:
     """The apps for `roles`; only the first serves HTTP (metrics, health), on `web_port`."""
     pipeline = Pipeline(settings)
-    return [
+    apps = [
         build_app(settings, role, pipeline=pipeline, web_port=web_port if i == 0 else None, **overrides)
         for i, role in enumerate(roles)
     ]
+    if web_port is not None and apps:
+        _install_fleet_probes(apps, pipeline)
+    return apps
+
+
+def _install_fleet_probes(apps: list[faust.App], pipeline: Pipeline) -> None:
+    """/metrics, /healthz, /readyz on the app that serves HTTP; consumer lag on all (correlator/metrics.py)."""
+    from correlator.metrics import install_probes
+
+    install_probes(apps[0], apps, pipeline)

@@ -387,7 +387,24 @@ def _cmd_ship(args: argparse.Namespace) -> int:
         idempotence=not args.no_idempotence,
         send_timeout_s=args.send_timeout,
     )
+    _add_fleet_ship_options(options, args, settings)
     return run_ship(options, files=args.file or [], command=command)
+
+
+def _add_fleet_ship_options(options: Any, args: argparse.Namespace, settings: Any) -> None:
+    """--evidence-only (matcher in the shipper) and --metrics-port (issue 9)."""
+    if args.evidence_only:
+        from correlator.evidence import EvidenceFilter
+        from correlator.matcher import Matcher
+        from correlator.rules import load_ruleset
+
+        rules_dir = settings.engine.rules_dir
+        options.line_filter = EvidenceFilter(Matcher(load_ruleset(Path(rules_dir) if rules_dir else None)),
+                                             context=args.context, heartbeat_s=args.heartbeat_s)
+    if args.metrics_port is not None:
+        from correlator.metrics import ship_metrics_hook
+
+        options.on_start = ship_metrics_hook(args.metrics_port, args.metrics_bind)
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -451,6 +468,14 @@ def _add_streaming_parsers(sub: argparse._SubParsersAction) -> None:  # type: ig
     ship.add_argument("--spool-max-mib", type=int, default=1024, help="disk spool bound while Kafka is down")
     ship.add_argument("--drain-timeout", type=float, default=30.0,
                       help="seconds to keep sending after the input ends (the rest stays spooled)")
+    ship.add_argument("--evidence-only", action="store_true",
+                      help="match in the shipper; send only lines that hit a rule, with --context lines around "
+                      "them, plus a periodic per-stream heartbeat (identity, latest progress)")
+    ship.add_argument("--context", type=int, default=5, help="with --evidence-only: lines before and after a hit")
+    ship.add_argument("--heartbeat-s", type=float, default=30.0, help="with --evidence-only: heartbeat period")
+    ship.add_argument("--metrics-port", type=int, default=None,
+                      help="serve Prometheus /metrics and /healthz on this port (default: off)")
+    ship.add_argument("--metrics-bind", default="127.0.0.1", help="address for --metrics-port (0.0.0.0 in a pod)")
     ship.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...: wrap this command")
     ship.set_defaults(func=_cmd_ship)
 

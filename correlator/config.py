@@ -67,6 +67,9 @@ class EngineSettings(BaseModel):
         default="deadletter", description="a raw value that is not valid UTF-8: dead-letter it, or decode with U+FFFD"
     )
     tick_interval_s: float = Field(default=1.0, description="how often the correlator looks for quiet windows")
+    rules_reload_s: float = Field(
+        default=5.0, description="how often a worker looks for changed rule files (0: reload only on SIGHUP)"
+    )
 
 
 class ElasticsearchSettings(BaseModel):

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -181,13 +182,78 @@ class Diagnoser:
         pairs = best_hits_per_line([(h.start, h) for h in hits], self.matcher.rules)
         out: list[Signal] = []
         cache: dict[int, tuple[LogEvent, str]] = {}
+        sampled: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]] = {}
         for start, hit in pairs:
+            if self._is_sampled(hit):
+                self._aggregate_sampled(body, hit, sampled)
+                continue
             if start not in cache:
                 stats.lines_hit += 1
                 cache[start] = self._event_for_line(body, hit, base, name, path_hints, job_id)
             event, raw = cache[start]
             out.append(self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + start, raw=raw))
+        # Routine lines (progress markers, metric values) become one signal per rule and process per
+        # chunk: the latest progress, the largest value (the smallest rides along in `metric_min`).
+        for (_rule_index, _role, _proc), (_value, hit, low) in sampled.items():
+            stats.lines_hit += 1
+            event, raw = self._event_for_line(body, hit, base, name, path_hints, job_id)
+            signal = self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + hit.start, raw=raw)
+            if "metric" in signal.fields:
+                signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
+            out.append(signal)
         return out
+
+    def _is_sampled(self, hit: Hit) -> bool:
+        rule = self.matcher.rules[hit.rule_index]
+        if hit.role == "end":
+            return rule.absence is not None and rule.absence.progress
+        return hit.role == "main" and rule.metric is not None
+
+    def _aggregate_sampled(
+        self, body: bytes, hit: Hit, acc: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]]
+    ) -> None:
+        raw = body[hit.start : hit.end].decode("utf-8", "replace")
+        ident = self._identify(raw)
+        proc = (ident.rank, ident.host, ident.pid, ident.local_rank)
+        key = (hit.rule_index, hit.role, proc)
+        rule = self.matcher.rules[hit.rule_index]
+        if rule.metric is None:
+            acc[key] = (float(hit.start), hit, 0.0)  # hits arrive in order: the last one is the latest
+            return
+        text = self.matcher.extract(hit.rule_index, raw).get(rule.metric.field, "")
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("inf")  # nan/inf: abnormal by itself, keep it
+        if value != value:
+            value = float("inf")
+        current = acc.get(key)
+        if current is None:
+            acc[key] = (value, hit, value)
+        else:
+            low = min(current[2], value)
+            acc[key] = (value, hit, low) if value > current[0] else (current[0], current[1], low)
+
+    def _identify(self, raw: str) -> Identity:
+        """Identity of one line: a syslog header (host, time) when the file is rsyslog text, then prefixes."""
+        host: str | None = None
+        header_ts = None
+        text = raw
+        if raw[:1].isdigit() or raw[:1] == "<":
+            try:
+                records = decode_value(raw.encode("utf-8", "replace"))
+            except DecodeError:
+                records = []
+            if records and records[0].source == "rsyslog":
+                host, header_ts, text = records[0].host, records[0].ts, records[0].text
+        ident = parse_prefixes(text)
+        if host is None and header_ts is None:
+            return ident
+        return Identity(
+            text=ident.text, rank=ident.rank, local_rank=ident.local_rank, host=ident.host or host,
+            pid=ident.pid, gpu=ident.gpu, ts=ident.ts or header_ts,
+            ts_has_date=ident.ts_has_date if ident.ts else header_ts is not None,
+        )
 
     def _event_for_line(
         self, body: bytes, hit: Hit, base: int, name: str, path_hints: dict[str, str | int], job_id: str
@@ -198,9 +264,10 @@ class Diagnoser:
             if len(segments) > 1:
                 rule_index = hit.rule_index
                 raw = next((s for s in segments if self.matcher.matches(rule_index, s)), segments[-1])
-        ident = parse_prefixes(raw)
+        ident = self._identify(raw)
         if ident.rank is None and ident.host is None and ident.pid is None and ident.local_rank is None:
             ident = self._continued_identity(body, hit.start, ident)
+        ts = ident.ts if ident.ts is not None else self._earlier_time(body, hit.start)
         event = LogEvent(
             job_id=job_id,
             host=ident.host or _str_or_none(path_hints.get("host")),
@@ -208,7 +275,7 @@ class Diagnoser:
             local_rank=ident.local_rank,
             pid=ident.pid,
             gpu=ident.gpu,
-            ts=ident.ts,
+            ts=ts,
             source="plain",
             file=name,
             offset=base + hit.start,
@@ -216,10 +283,30 @@ class Diagnoser:
         )
         return event, raw
 
-    @staticmethod
-    def _continued_identity(body: bytes, start: int, ident: Identity) -> Identity:
-        """A traceback's last line has no prefix: take the identity of the record it continues."""
+    def _earlier_time(self, body: bytes, start: int) -> datetime | None:
+        """An untimed line (a traceback's last line) happened at about the time of the closest timed line before it."""
         pos = start
+        for _ in range(CONTINUATION_LOOKBACK):
+            if pos <= 0:
+                return None
+            prev_start = body.rfind(b"\n", 0, pos - 1) + 1
+            prev = body[prev_start : pos - 1].decode("utf-8", "replace")
+            pos = prev_start
+            ts = self._identify(prev).ts
+            if ts is not None:
+                return ts
+        return None
+
+    def _continued_identity(self, body: bytes, start: int, ident: Identity) -> Identity:
+        """A traceback's last line has no prefix: take the identity of the record it continues.
+
+        Only a line that continues something (indented, a frame, or the exception after frames)
+        inherits; a launcher's own line right after a rank's line does not.
+        """
+        pos = start
+        first = True
+        current = body[start : body.find(b"\n", start) if body.find(b"\n", start) >= 0 else len(body)]
+        current_continues = is_continuation(current.decode("utf-8", "replace"))
         for _ in range(CONTINUATION_LOOKBACK):
             if pos <= 0:
                 break
@@ -228,7 +315,10 @@ class Diagnoser:
             pos = prev_start
             if not prev.strip():
                 break
-            prev_ident = parse_prefixes(prev)
+            if first and not (current_continues or is_continuation(prev)):
+                break
+            first = False
+            prev_ident = self._identify(prev)
             if prev_ident.rank is not None or prev_ident.host is not None or prev_ident.pid is not None:
                 return Identity(
                     text=ident.text,

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from correlator.config import Settings
 
@@ -158,11 +159,11 @@ def _start_extra(ctx: UpContext, target: str) -> Part | None:
     return starter(ctx)
 
 
-def print_parts(parts: list[Part], out: object = sys.stderr) -> None:
+def print_parts(parts: list[Part], out: TextIO = sys.stderr) -> None:
     width = max((len(p.name) for p in parts), default=5)
     for part in parts:
         detail = f"  ({part.detail})" if part.detail else ""
-        print(f"rootrank up: {part.name:{width}s}  {part.address}{detail}", file=out, flush=True)  # type: ignore[arg-type]
+        print(f"rootrank up: {part.name:{width}s}  {part.address}{detail}", file=out, flush=True)
 
 
 def run_up(settings: Settings, *, kafka_port: int = 9092, data_dir: str | os.PathLike[str] = ".rootrank-data",
@@ -197,5 +198,5 @@ def run_up(settings: Settings, *, kafka_port: int = 9092, data_dir: str | os.Pat
         for part in reversed(ctx.parts):
             try:
                 part.stop()
-            except Exception as exc:  # keep stopping the others
+            except Exception as exc:  # noqa: BLE001 - keep stopping the others
                 print(f"rootrank up: stopping {part.name}: {exc}", file=sys.stderr)

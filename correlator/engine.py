@@ -249,18 +249,27 @@ class Engine:
     # --- identity and facts -------------------------------------------------------------
 
     @staticmethod
-    def _identity_map(signals: Sequence[Signal]) -> dict[tuple[str, int], int]:
-        """(host, pid) -> rank, from NCCL init lines ("rank 5 nranks 8") written by that process."""
-        mapping: dict[tuple[str, int], int] = {}
+    def _identity_map(signals: Sequence[Signal]) -> dict[tuple[str, str, int], int]:
+        """(host, "pid"|"local", n) -> rank: from NCCL init lines ("rank 5 nranks 8") written by a
+        process, and from any line that names rank, host and local rank together."""
+        mapping: dict[tuple[str, str, int], int] = {}
         for s in signals:
-            if s.kind == "fact" and "comm_rank" in s.fields and s.host and s.pid is not None:
-                mapping.setdefault((s.host, s.pid), int(s.fields["comm_rank"]))
+            if not s.host:
+                continue
+            if s.kind == "fact" and "comm_rank" in s.fields and s.pid is not None:
+                mapping.setdefault((s.host, "pid", s.pid), int(s.fields["comm_rank"]))
+            elif s.rank is not None and s.local_rank is not None:
+                mapping.setdefault((s.host, "local", s.local_rank), s.rank)
         return mapping
 
     @staticmethod
-    def _fill_identity(s: Signal, mapping: dict[tuple[str, int], int]) -> Signal:
-        if s.rank is None and s.host and s.pid is not None and (s.host, s.pid) in mapping:
-            return s.model_copy(update={"rank": mapping[(s.host, s.pid)]})
+    def _fill_identity(s: Signal, mapping: dict[tuple[str, str, int], int]) -> Signal:
+        if s.rank is not None or not s.host:
+            return s
+        if s.pid is not None and (s.host, "pid", s.pid) in mapping:
+            return s.model_copy(update={"rank": mapping[(s.host, "pid", s.pid)]})
+        if s.local_rank is not None and (s.host, "local", s.local_rank) in mapping:
+            return s.model_copy(update={"rank": mapping[(s.host, "local", s.local_rank)]})
         return s
 
     @staticmethod
@@ -340,6 +349,17 @@ class Engine:
             kept.append(s)
         for rule_id, observations in metric_obs.items():
             kept.extend(self._metric_outliers(self.rules[rule_id], observations))
+        # A sequence whose precondition held is the more specific reading of its line: SIGBUS right
+        # after a checkpoint load says more than SIGBUS alone.
+        by_sequence = {
+            (s.file, s.order) for s in kept if (r := self.rules.get(s.rule_id)) is not None and r.sequence is not None
+        }
+        if by_sequence:
+            kept = [
+                s for s in kept
+                if (s.file, s.order) not in by_sequence
+                or ((r := self.rules.get(s.rule_id)) is not None and r.sequence is not None)
+            ]
         return kept
 
     @staticmethod
@@ -456,7 +476,7 @@ class Engine:
         if reporting and len(reporting) >= 2:
             world = world_size or (max(all_ranks) + 1 if all_ranks else None)
             if world is not None:
-                missing = sorted(set(range(world)) - all_ranks)
+                missing = sorted(set(range(world)) - reporting)
                 if len(missing) == 1:
                     how = "world size from launch lines" if world_size else "world size inferred from the highest rank"
                     return (

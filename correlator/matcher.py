@@ -25,7 +25,7 @@ ExprRole = Literal["main", "after", "end"]
 
 _BASE_FLAGS = hyperscan.HS_FLAG_MULTILINE
 FREQUENT_CAP = 1024
-SAMPLE_BLOCK = 256 * 1024
+SAMPLE_BLOCK = 32 * 1024
 
 
 def _flags(caseless: bool) -> int:

@@ -85,6 +85,9 @@ class SignalExtractor:
                 fields["metric"] = rule.metric.field
         else:
             fields["marker"] = hit.role
+        if event.truncated or len(text) > MAX_EVIDENCE_LINE:
+            # The line was cut (by the forwarder, the decoder, or to the evidence cap just below).
+            fields["truncated"] = 1
         is_fact = rule.kind == "fact" or hit.role != "main"
         return Signal(
             job_id=event.job_id,

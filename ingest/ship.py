@@ -22,10 +22,10 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
-import itertools
 import fcntl
 import gc
 import hashlib
+import itertools
 import logging
 import operator
 import os
@@ -75,6 +75,11 @@ class ShipOptions:
     tee: bool = False
     poll_s: float = 0.2
     send_timeout_s: float = 30.0
+    # Edge matching (--evidence-only): an object with select(key, first_line, texts) -> [(first_line, texts)]
+    # and heartbeat(key, final=bool) -> runs (correlator.evidence.EvidenceFilter); None ships every line.
+    line_filter: Any = None
+    # Called once in the shipping process with (ShipStats, line_filter): e.g. starts a /metrics server.
+    on_start: Callable[[Any, Any], None] | None = None
 
 
 @dataclass
@@ -248,23 +253,23 @@ class Sender:
     def _make_producer(self) -> Any:
         from kafka import KafkaProducer
 
-        config = dict(self.options.kafka)
-        config.update(
-            acks="all",
-            compression_type=_compression(self.options.compression),
-            enable_idempotence=self.options.idempotence,
-            linger_ms=5,
-            batch_size=max(16384, self.options.batch_max_bytes + 4096),
-            max_request_size=max(1024 * 1024, 2 * MAX_BATCH_BYTES),
+        config: dict[str, Any] = {
+            "acks": "all",
+            "compression_type": _compression(self.options.compression),
+            "enable_idempotence": self.options.idempotence,
+            "linger_ms": 5,
+            "batch_size": max(16384, self.options.batch_max_bytes + 4096),
+            "max_request_size": max(1024 * 1024, 2 * MAX_BATCH_BYTES),
             # send() must not stall the batcher for long when the broker is gone: spool instead.
-            max_block_ms=2000,
+            "max_block_ms": 2000,
             # An unacknowledged message goes to the spool after `send_timeout_s` (the producer
             # retries on its own until then; Kafka wants delivery >= linger + request timeout).
-            delivery_timeout_ms=int(self.options.send_timeout_s * 1000),
-            request_timeout_ms=max(500, int(self.options.send_timeout_s * 1000) - 10),
-            bootstrap_timeout_ms=5000,
-            client_id=f"rootrank-ship-{socket.gethostname()}",
-        )
+            "delivery_timeout_ms": int(self.options.send_timeout_s * 1000),
+            "request_timeout_ms": max(500, int(self.options.send_timeout_s * 1000) - 10),
+            "bootstrap_timeout_ms": 5000,
+            "client_id": f"rootrank-ship-{socket.gethostname()}",
+        }
+        config.update(self.options.kafka)  # connection and security (and any override the caller knows about)
         return KafkaProducer(**config)
 
     # --- sending ---------------------------------------------------------------------------------
@@ -277,7 +282,7 @@ class Sender:
         try:
             future = self._producer.send(self.options.topic, key=message.key, value=message.value,
                                          timestamp_ms=message.timestamp_ms)
-        except Exception as exc:  # buffer full / no metadata: the broker is not taking messages
+        except Exception as exc:  # noqa: BLE001 - buffer full, no metadata: the broker is not taking messages
             log.debug("send failed (%s); spooling", exc)
             self._unhealthy()
             self._to_spool(message)
@@ -348,7 +353,7 @@ class Sender:
                 if last_problem:
                     log.warning("Kafka is taking messages again; %d still spooled", len(self.spool))
                     last_problem = ""
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure: back off, keep the spool, retry
                 self._healthy = False
                 problem = f"{type(exc).__name__}: {exc}"
                 if problem != last_problem:  # say it once, not on every retry
@@ -494,12 +499,16 @@ class Batcher:
             source.inode = chunk.inode
         if chunk.end_pos is not None:
             source.pos = chunk.end_pos - len(source.carry)
+        elif chunk.eof:
+            source.pos += len(data)  # the stream ended: its unterminated last line was read too
         if complete:
             self._add_texts(source, body.decode("utf-8", "replace").split("\n"), chunk.read_ts)
         elif chunk.end_pos is not None and source.id in self._batches:
             self._batches[source.id].position = self._position(source)
         if chunk.eof:
             # A stream ended (end_pos None), or one generation of a rotated/truncated file did.
+            if self.options.line_filter is not None:
+                self._add_runs(source, self.options.line_filter.heartbeat(source.name, final=True), chunk.read_ts)
             self._flush(source.id)
             if chunk.end_pos is None:
                 self._open_sources.discard(source.id)
@@ -510,6 +519,13 @@ class Batcher:
         return {"inode": source.inode, "pos": source.pos, "line": source.next_line}
 
     def _add_texts(self, source: Source, texts: list[str], read_ts: float | None) -> None:
+        if self.options.line_filter is not None and not getattr(self, "_in_run", False):
+            first = source.next_line
+            self._add_runs(source, self.options.line_filter.select(source.name, first, texts), read_ts)
+            source.next_line = first + len(texts)
+            if source.id in self._batches:
+                self._batches[source.id].position = self._position(source)
+            return
         max_bytes = self.options.batch_max_bytes
         # Running size of the lines (characters + JSON overhead): where each batch must end.
         ends = list(itertools.accumulate(map(operator.add, map(len, texts), itertools.repeat(24)), initial=0))
@@ -538,7 +554,32 @@ class Batcher:
         if batch is not None:
             batch.position = self._position(source)
 
+    def _add_runs(self, source: Source, runs: list[tuple[int, list[str]]], read_ts: float | None) -> None:
+        """Evidence-only: each run of consecutive lines keeps its line numbers (a gap ends the batch)."""
+        end = source.next_line
+        self._in_run = True
+        try:
+            for first, texts in runs:
+                batch = self._batches.get(source.id)
+                if batch is not None and batch.first_line + len(batch.lines) != first:
+                    self._flush(source.id)
+                source.next_line = first
+                self._add_texts(source, texts, read_ts)
+        finally:
+            self._in_run = False
+            source.next_line = max(end, source.next_line)
+
+    def _heartbeats(self) -> None:
+        for source_id in self._open_sources:
+            source = self.sources[source_id]
+            runs = self.options.line_filter.heartbeat(source.name)
+            if runs:
+                self._add_runs(source, runs, None)
+                self._flush(source_id)
+
     def _flush_old(self) -> None:
+        if self.options.line_filter is not None:
+            self._heartbeats()
         now = time.monotonic()
         for source_id, batch in list(self._batches.items()):
             if now - batch.started >= self.options.linger_s:
@@ -571,7 +612,7 @@ class Batcher:
                 self.positions.expect(source.name, seq, batch.position)
                 name = source.name
                 positions = self.positions
-                on_durable = lambda s, name=name, positions=positions: positions.durable(name, s)  # noqa: E731
+                on_durable = lambda s, name=name, positions=positions: positions.durable(name, s)
             lines = len(batch.lines) if len(values) == 1 else (len(batch.lines) if index == 0 else 0)
             self.sender.submit(Message(seq, key, value, now_ms, lines, on_durable))
 
@@ -621,7 +662,7 @@ def file_reader(path: Path, source: Source, queue: ChunkQueue, positions: Positi
     f: BinaryIO | None = None
     while f is None:
         try:
-            f = open(path, "rb")
+            f = open(path, "rb")  # noqa: SIM115 - kept open across rotations, closed below
         except FileNotFoundError:
             if not options.follow or stop.is_set():
                 log.warning("%s: no such file", path)
@@ -654,7 +695,7 @@ def file_reader(path: Path, source: Source, queue: ChunkQueue, positions: Positi
             # Rotated: the old generation is read to its end; its last partial line is a line.
             queue.put(Chunk(source.id, b"", time.time(), end_pos=pos, inode=inode, eof=True))
             f.close()
-            f = open(path, "rb")
+            f = open(path, "rb")  # noqa: SIM115 - the new generation, closed below
             inode, pos, backlog_end = os.fstat(f.fileno()).st_ino, 0, 0
             continue
         if st.st_size < pos:  # truncated in place (copytruncate)
@@ -683,7 +724,7 @@ def _locked_dir(base: Path, name: str) -> Iterator[Path]:
     candidates = [base / name, base / f"{name}-{os.getpid()}"]
     for path in candidates:
         path.mkdir(parents=True, exist_ok=True)
-        lock = open(path / "lock", "w")
+        lock = open(path / "lock", "w")  # noqa: SIM115 - held for the whole run
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -794,6 +835,8 @@ def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[
     sender = Sender(options, spool, stats)
     frames = _FrameQueue(fd, sources)
     batcher = Batcher(options, sources, frames, sender, positions, stats)  # type: ignore[arg-type]
+    if options.on_start is not None:
+        options.on_start(stats, options.line_filter)
     saver_stop = threading.Event()
 
     def save_positions() -> None:
@@ -892,7 +935,7 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
         else:
             stop.set()
 
-    previous = {}
+    previous: dict[int, Any] = {}
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         if signum == signal.SIGINT and child is not None:
             # The terminal already sends Ctrl-C to the whole foreground group, the child included.
@@ -915,8 +958,8 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
     finally:
         stop.set()
         queue.close()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for restored, handler in previous.items():
+            signal.signal(restored, handler)
     shipper_failed = os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0 or os.WIFSIGNALED(status)
     if code == 0 and (shipper_failed or queue.dropped_bytes):
         return 1

@@ -39,7 +39,7 @@ class Spool:
         # Always write into a new segment: a torn record left by a crash then sits at the end of
         # its segment, where the reader skips to the next one.
         self._write_seg = max(segments[-1] + 1 if segments else 1, self._read_seg)
-        self._writer = open(self._seg_path(self._write_seg), "ab")
+        self._writer = open(self._seg_path(self._write_seg), "ab")  # noqa: SIM115 - closed in close()
         self._reader: tuple[int, object] | None = None
         self._count = 0
         self._bytes = 0
@@ -119,7 +119,7 @@ class Spool:
             if self._writer.tell() >= self.segment_bytes:
                 self._writer.close()
                 self._write_seg += 1
-                self._writer = open(self._seg_path(self._write_seg), "ab")
+                self._writer = open(self._seg_path(self._write_seg), "ab")  # noqa: SIM115 - closed in close()
             self._writer.write(_HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
             self._writer.flush()
             if self.fsync:
@@ -177,9 +177,8 @@ class Spool:
             self._read_off += _HEADER.size + len(record)
             self._count -= 1
             self._bytes -= _HEADER.size + len(record)
-            if self._count == 0 or (self._read_seg < self._write_seg and self._at_segment_end()):
-                if self._read_seg < self._write_seg:
-                    self._advance_segment()
+            if self._read_seg < self._write_seg and (self._count == 0 or self._at_segment_end()):
+                self._advance_segment()
             self._save_cursor()
 
     def close(self) -> None:
@@ -198,7 +197,7 @@ class Spool:
     def _file_for(self, number: int) -> object:
         if self._reader is None or self._reader[0] != number:
             self._close_reader()
-            self._reader = (number, open(self._seg_path(number), "rb"))
+            self._reader = (number, open(self._seg_path(number), "rb"))  # noqa: SIM115 - closed in _close_reader
         return self._reader[1]
 
     def _read_at(self, number: int, offset: int) -> bytes | None:

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 from prometheus_client import Counter
 
+from correlator import metrics
 from correlator.engine import Engine, JobState
 from correlator.models import Incident, Signal
 
@@ -228,6 +229,7 @@ def make_correlate_agent(
                         await incidents_out.send(key=incident.incident_id.encode("utf-8"), value=incident_to_bytes(incident))
                         kind = "new" if incident.revision == 1 else "revision"
                         INCIDENTS_EMITTED.labels(kind).inc()
+                        metrics.count_incident(incident)
                         emitted.append(f"{incident.incident_id}#{incident.revision}")
                 table[key] = entry.to_dict()
             yield {"signals_added": added, "emitted": emitted}

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from prometheus_client import Counter
 
+from correlator import metrics
 from correlator.models import Signal
 from correlator.signals import SignalExtractor
 from ingest.decoders import DecodeError, decode_value, to_event
@@ -117,7 +119,7 @@ class MatchProcessor:
             except UnicodeDecodeError as exc:
                 raise DecodeError("not_utf8", f"invalid byte at {exc.start}") from None
         received = (
-            datetime.fromtimestamp(message.timestamp, tz=timezone.utc) if message.timestamp is not None else None
+            datetime.fromtimestamp(message.timestamp, tz=UTC) if message.timestamp is not None else None
         )
         records = decode_value(value, received_ts=received, max_value_bytes=self.max_value_bytes)
         for record in records:
@@ -148,7 +150,7 @@ class MatchProcessor:
             except DecodeError as exc:
                 out.dead_letters.append(dead_letter(message, exc.reason, str(exc), max_raw_bytes=self.deadletter_max_raw_bytes))
                 continue
-            except Exception as exc:  # a decoder bug must not stop the worker: treat the value as poison
+            except Exception as exc:
                 log.exception("decoder failed on %s[%d]@%d", message.topic, message.partition, message.offset)
                 out.dead_letters.append(dead_letter(message, "decoder_error", f"{type(exc).__name__}: {exc}", max_raw_bytes=self.deadletter_max_raw_bytes))
                 continue
@@ -175,7 +177,7 @@ class MatchProcessor:
         for owner, owned in by_owner.items():
             try:
                 signals.extend(self.extractor.from_events(owned))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - this value is poison: dead-letter it
                 out.processed -= 1
                 out.lines -= len(owned)
                 out.dead_letters.append(dead_letter(messages[owner], "extract_error", f"{type(exc).__name__}: {exc}",
@@ -214,7 +216,12 @@ def make_match_agent(
 
     async def match(stream: Any) -> AsyncIterator[dict[str, int]]:
         async for events in stream.take_events(batch_size, within=batch_within_s):
-            out = processor.process([raw_message_of(e) for e in events])
+            started = time.perf_counter()
+            raw = [raw_message_of(e) for e in events]
+            out = processor.process(raw)
+            metrics.count_match_batch(sum(len(m.value or b"") for m in raw), out.lines, time.perf_counter() - started)
+            metrics.count_signals(out.signals)
+            metrics.count_dead_letters("match", out.dead_letters)
             for signal in out.signals:
                 await signals_out.send(key=signal.job_id.encode("utf-8"), value=signal_to_bytes(signal))
             for letter in out.dead_letters:

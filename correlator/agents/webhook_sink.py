@@ -35,6 +35,7 @@ import orjson
 from prometheus_client import Counter
 from pydantic import ValidationError
 
+from correlator import metrics
 from correlator.models import Incident
 from correlator.webhooks.api import MAX_BODY_BYTES, RegistrationAPI
 from correlator.webhooks.dispatcher import WebhookDispatcher
@@ -112,6 +113,7 @@ class WebhookSink:
         results = await self.dispatcher.handle(incident)
         for result in results:
             NOTIFICATIONS.labels("delivered" if result.delivered else "dead_lettered").inc()
+            metrics.count_webhook(result.delivered)
         log.info(
             "incident %s of job %s revision %d (%s): %d notification(s)",
             incident.incident_id, incident.job_id, incident.revision, incident.status, len(results),

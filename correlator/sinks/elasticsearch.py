@@ -31,6 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from correlator import metrics
 from correlator.models import Incident, Signal
 
 if TYPE_CHECKING:
@@ -757,14 +758,17 @@ class BulkWriter:
                 started = time.perf_counter()
                 resp = self.client.bulk(operations=operations, refresh=self.refresh)
                 self.stats.last_bulk_s = time.perf_counter() - started
+                metrics.observe_es_bulk(self.stats.last_bulk_s)
                 self.stats.bulks += 1
             except NotFoundError as exc:
                 # get_alias: the alias is gone (a wiped cluster); put it back, then retry.
+                metrics.observe_es_bulk(failure="alias_missing")
                 self._warn(f"alias missing: {exc}")
                 self._rebootstrap(pending)
                 continue
             except (ApiError, TransportError) as exc:
                 self._warn(f"bulk of {len(pending)} failed: {type(exc).__name__}: {exc}")
+                metrics.observe_es_bulk(failure=type(exc).__name__)
                 continue
             retry: list[IndexRequest] = []
             missing_alias: set[str] = set()
@@ -794,6 +798,7 @@ class BulkWriter:
         self.stats.docs_written += outcome.written
         self.stats.docs_stale += outcome.stale
         self.stats.docs_rejected += len(outcome.rejected)
+        metrics.observe_es_bulk(rejected=len(outcome.rejected))
         return outcome
 
     def _rebootstrap(self, requests: Sequence[IndexRequest]) -> None:

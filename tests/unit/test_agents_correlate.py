@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import faust
@@ -29,7 +29,7 @@ from correlator.rules import RuleSet, load_ruleset
 from correlator.signals import SignalExtractor
 from ingest.event import LogEvent
 
-T0 = datetime(2026, 3, 14, 9, 26, 53, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 14, 9, 26, 53, tzinfo=UTC)
 QUIET_S = 5.0
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {gpu} has a total capacity of 79.14 GiB"
 
@@ -85,7 +85,7 @@ class Harness:
         while True:
             try:
                 event = await asyncio.wait_for(self.incidents_seen.get(), 0.2)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return out
             assert event.key == orjson.loads(event.value)["incident_id"].encode()
             out.append(orjson.loads(event.value))

