@@ -25,7 +25,9 @@ ExprRole = Literal["main", "after", "end"]
 
 _BASE_FLAGS = hyperscan.HS_FLAG_MULTILINE
 FREQUENT_CAP = 1024
-SAMPLE_BLOCK = 32 * 1024
+SAMPLE_BLOCKS = 1024
+SAMPLE_MIN_BLOCK = 4096
+SAMPLE_EXACT_BELOW = 1 << 20
 
 
 def _flags(caseless: bool) -> int:
@@ -89,12 +91,14 @@ class Matcher:
         self.db = self._load_or_compile(main, use_cache)
         # Metric observations (a grad norm per step per rank) and progress markers (the "end" of
         # absence rules: a loss line) can be on most lines of a log. They are sampled: at most one
-        # hit per pattern per SAMPLE_BLOCK bytes, found with SINGLEMATCH, which keeps both the scan
+        # hit per pattern per sample block, found with SINGLEMATCH, which keeps both the scan
         # and the Python callbacks off the hot path. Failure signatures are never sampled.
         self.sampled_db = (
             self._load_or_compile([(i, p, f | hyperscan.HS_FLAG_SINGLEMATCH) for i, p, f in sampled], use_cache)
             if sampled else None
         )
+        # Buffers below SAMPLE_EXACT_BELOW (a streaming batch, a small log) are scanned exactly.
+        self.routine_db = self._load_or_compile(sampled, use_cache) if sampled else None
         self._hits: list[tuple[int, int]] = []
 
     @staticmethod
@@ -144,7 +148,9 @@ class Matcher:
         self._hits = []
         if buf:
             self.db.scan(buf, match_event_handler=self._on_match)
-            if self.sampled_db is not None:
+            if self.routine_db is not None and len(buf) < SAMPLE_EXACT_BELOW:
+                self.routine_db.scan(buf, match_event_handler=self._on_match)
+            elif self.sampled_db is not None:
                 self._scan_sampled(buf)
         hits, self._hits = self._hits, []
         return hits
@@ -153,8 +159,10 @@ class Matcher:
         assert self.sampled_db is not None
         view = memoryview(buf)
         start = 0
+        # About SAMPLE_BLOCKS samples per buffer: every line of a small log, one per block of a big one.
+        block = max(SAMPLE_MIN_BLOCK, len(buf) // SAMPLE_BLOCKS)
         while start < len(buf):
-            end = buf.find(b"\n", min(start + SAMPLE_BLOCK, len(buf)))
+            end = buf.find(b"\n", min(start + block, len(buf)))
             end = len(buf) if end < 0 else end
             base = start
             hits: list[tuple[int, int]] = []

@@ -112,17 +112,22 @@ def test_sigkill_mid_failure_gives_one_document_and_one_webhook_per_revision(
         kills += 1
         worker = start_worker()
 
+        seen: dict[str, Any] = {}
+
         def settled() -> bool:
             latest = latest_revisions(topic_incidents())
             essentials = sorted((incident_essentials(i) for i in latest.values()), key=lambda i: i["incident_id"])
-            if essentials != offline:
-                return False
             docs = {d["_id"]: d["revision"] for d in documents()}
             hooks = {r.webhook_id for r in http_receiver.delivered("/hook")}
-            return docs == {k: v["revision"] for k, v in latest.items()} and all(
+            seen.update(topic=essentials, docs=docs, hooks=hooks)
+            return essentials == offline and docs == {k: v["revision"] for k, v in latest.items()} and all(
                 any(h and h.startswith(f"{k}:{v['revision']}") for h in hooks) for k, v in latest.items())
 
-        wait_for(settled, 120, interval=1.0, what="the offline incident in the topic, the index and the webhooks")
+        try:
+            wait_for(settled, 120, interval=1.0, what="the offline incident in the topic, the index and the webhooks")
+        except AssertionError as exc:
+            logs = "\n".join(w.log_tail(3000) for w in workers[-2:])
+            raise AssertionError(f"{exc}\noffline: {offline}\nseen: {seen}\nlogs:\n{logs}") from None
         time.sleep(3)  # any duplicate would arrive now
         recovered_s = time.monotonic() - started
 

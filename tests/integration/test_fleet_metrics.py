@@ -101,7 +101,8 @@ def test_metrics_count_shipped_lines_and_incidents_end_to_end(broker: BrokerAddr
             # --follow keeps the shipper (and its /metrics) up after it has sent the file.
             shippers.append(start_ship(broker, tmp_path / f"state{index}", job, Path(path).parent.name, path,
                                        "--follow", "--metrics-port", str(port)))
-        file_lines = sum(len(Path(p).read_text().split("\n")) - Path(p).read_text().endswith("\n") for p in paths)
+        # Bytes, not text: universal newlines would count the "\r" of progress bars as line ends.
+        file_lines = sum(Path(p).read_bytes().rstrip(b"\n").count(b"\n") + 1 for p in paths)
 
         def shipped_all() -> bool:
             return sum(scrape(p).get('rootrank_ship_acked_total{unit="lines"}', 0) for p in ports) >= file_lines
@@ -114,10 +115,11 @@ def test_metrics_count_shipped_lines_and_incidents_end_to_end(broker: BrokerAddr
             acked = [scrape(p).get('rootrank_ship_acked_total{unit="lines"}') for p in ports]
             raise AssertionError(f"acked {acked} of {file_lines}: {[s.communicate(timeout=30)[1][-3000:] for s in shippers]}")
         sent = sum(scrape(p).get("rootrank_ship_lines_sent_total", 0) for p in ports)
-        nonblank = sum(1 for p in paths for line in Path(p).read_text().split("\n") if line.strip())
+        nonblank = sum(1 for p in paths for line in Path(p).read_bytes().split(b"\n") if line.strip())
         incidents = pipeline.incidents(job, expect=len(expected), timeout=60)
         elapsed = time.monotonic() - started
         latest = [incident_essentials(i) for i in latest_revisions(incidents).values()]
+        Path("/tmp/fleet_got.json").write_text(json.dumps([latest, expected], indent=1, sort_keys=True))
         assert sorted(latest, key=lambda i: i["incident_id"]) == sorted(expected, key=lambda i: i["incident_id"])
 
         def delta(name: str) -> float:

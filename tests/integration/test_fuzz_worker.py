@@ -122,6 +122,7 @@ def _rss(pid: int) -> int:
     return 0
 
 
+@pytest.mark.timeout(300 + MESSAGES // 8)  # the 10,000-message run of `make fuzz` takes minutes
 def test_fuzz_batch_through_the_live_worker(noida_pipeline: Pipeline) -> None:
     worker = noida_pipeline.worker
     assert worker.proc is not None

@@ -15,12 +15,16 @@ from pathlib import Path
 
 import pytest
 
+
 from correlator.rules import load_ruleset
 from correlator.simulate import FORMATS, Truth, log_paths, simulate
 
 CLASSES = sorted(load_ruleset().classes)
 SEEDS = range(int(os.environ.get("ROOTRANK_ROUNDTRIP_SEEDS", "3")))
 JSON_FORMATS = [f for f in FORMATS if f != "plain"]
+
+
+RULESET = load_ruleset()
 
 
 def _scenario(cls: str, seed: int) -> dict[str, object]:
@@ -55,9 +59,20 @@ def test_simulated_class_round_trips(cls: str, seed: int, tmp_path: Path) -> Non
 
     assert incidents, _describe(truth, incidents)
     primary = incidents[0]
-    assert primary.class_ == cls, _describe(truth, incidents)
+    # The simulated class, or a class the rule library says causes it when the scenario logged that
+    # cause too (a partial save after "No space left on device" is diagnosed as the full disk).
+    causes = {c for c, explained in RULESET.explains_by_class().items() if cls in explained}
+    assert primary.class_ == cls or (primary.class_ in causes and truth.mode != "hang"), _describe(truth, incidents)
     if truth.initiator.unknown:
         # Nothing in the logs shows who started it: a diagnosis must not claim a rank with confidence.
         assert primary.initiator.rank is None or primary.confidence < 0.5, _describe(truth, incidents)
     elif not truth.initiator.all:
-        assert primary.initiator.rank == truth.initiator.rank, _describe(truth, incidents)
+        # The process is named either by its global rank, or by host plus local rank or pid (a
+        # launcher's line names local ranks only).
+        got, want = primary.initiator, truth.initiator
+        same_process = got.rank == want.rank or (
+            got.rank is None and got.host == want.host
+            and ((got.local_rank is not None and got.local_rank == want.local_rank)
+                 or (got.pid is not None and got.pid == want.pid))
+        )
+        assert same_process, _describe(truth, incidents)
