@@ -107,7 +107,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         out.write_text(render_incident_html(incidents[0], signals), encoding="utf-8")
         err.print(f"wrote {out}")
     else:
-        print_incidents(incidents, Console())
+        print_incidents(incidents, Console(emoji=False))
     if args.format != "json" and not stats.files and stats.skipped:
         return 2
     return 0

@@ -29,7 +29,7 @@ def _who(incident: Incident) -> str:
 
 
 def print_incidents(incidents: Sequence[Incident], console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or Console(emoji=False)
     if not incidents:
         console.print("[green]No incident:[/] no failure signature in these logs.")
         return
@@ -54,9 +54,9 @@ def print_incidents(incidents: Sequence[Incident], console: Console | None = Non
             body.add_row("Collateral", "\n".join(rows))
         if incident.evidence:
             lines = []
-            for e in incident.evidence[:8]:
+            for e in incident.evidence[:5]:
                 who = f"rank {e.rank}" if e.rank is not None else (e.host or "-")
-                lines.append(f"[{who}] {e.line[:200]}")
+                lines.append(f"[{who}] {e.line[:160]}")
             body.add_row("Evidence", Text("\n".join(lines)))
         if incident.fix:
             body.add_row("Fix", "\n".join(f"- {f}" for f in incident.fix))
