@@ -26,6 +26,7 @@ ExprRole = Literal["main", "after", "end"]
 _BASE_FLAGS = hyperscan.HS_FLAG_MULTILINE
 FREQUENT_CAP = 1024
 SAMPLE_BLOCKS = 1024
+SAMPLE_EVERY = 4
 SAMPLE_MIN_BLOCK = 4096
 SAMPLE_EXACT_BELOW = 1 << 20
 
@@ -158,19 +159,24 @@ class Matcher:
     def _scan_sampled(self, buf: bytes) -> None:
         assert self.sampled_db is not None
         view = memoryview(buf)
-        start = 0
-        # About SAMPLE_BLOCKS samples per buffer: every line of a small log, one per block of a big one.
+        # Blocks of about 1/SAMPLE_BLOCKS of the buffer; every SAMPLE_EVERY-th block is scanned, and
+        # the last one always (the latest progress of each rank is what absence rules ask about).
         block = max(SAMPLE_MIN_BLOCK, len(buf) // SAMPLE_BLOCKS)
+        tail_start = max(0, buf.rfind(b"\n", 0, max(0, len(buf) - block)) + 1)
+        start = 0
+        index = 0
         while start < len(buf):
             end = buf.find(b"\n", min(start + block, len(buf)))
             end = len(buf) if end < 0 else end
-            base = start
-            hits: list[tuple[int, int]] = []
-            self.sampled_db.scan(
-                bytes(view[start:end]), match_event_handler=lambda i, _f, to, _fl, _c: hits.append((base + to, i))
-            )
-            self._hits.extend(hits)
+            if index % SAMPLE_EVERY == 0 or end >= tail_start:
+                base = start
+                hits: list[tuple[int, int]] = []
+                self.sampled_db.scan(
+                    bytes(view[start:end]), match_event_handler=lambda i, _f, to, _fl, _c: hits.append((base + to, i))
+                )
+                self._hits.extend(hits)
             start = end + 1
+            index += 1
 
     def scan_buffer(self, buf: bytes, *, frequent_cap: int = FREQUENT_CAP) -> list[Hit]:
         """Matches in a newline-separated buffer, one Hit per (line, rule, role), in buffer order.
