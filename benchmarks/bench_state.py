@@ -8,6 +8,10 @@ quiet window is closed (Engine.diagnose). The jobs advance together, round by ro
 are open at once. Each job: chatter from every rank (lines that hit no rule), one rank runs out of GPU
 memory, then every other rank reports the NCCL watchdog timeout, and keeps repeating it.
 
+The main run's chatter hits no rule (signals come from the failures only); a second, smaller run
+uses real chatter, where training-step lines hit progress-marker and metric rules, and reports how
+many signals per line that makes and what that does to state and correlation cost.
+
 Figures, each against a reference of the same run:
 - process RSS per round (reference: RSS before any job state existed), and its growth from the round
   after the last new signal to the end (flat = the lines after that add nothing);
@@ -26,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+
+import orjson
 
 from benchmarks.common import process_rss_mb
 from benchmarks.synthetic import CHATTER
@@ -54,8 +60,9 @@ def chatter_pool(extractor: Any, size: int = 4096, *, silent: bool = False) -> l
             us=rng.randrange(10**6), s=len(out), loss=rng.random() * 3, g=rng.random() * 2,
             host=f"gpu-node-{r // 8:03d}", pid=30000 + r, tid=31000 + r, gpu=r % 8, c=rng.randrange(24),
             e=rng.randrange(9), p=rng.randrange(100), mm=rng.randrange(60), ss=rng.randrange(60), ms=rng.randrange(1000))
-        out.append(LogEvent.model_construct(job_id="chatter", host=f"gpu-node-{r // 8:03d}", rank=r % 64, line=text,
-                                            source="bench", offset=len(out)))
+        # The writer's identity stays within a 64-rank job (8 hosts x 8 GPUs), whatever rank the text names.
+        out.append(LogEvent.model_construct(job_id="chatter", host=f"gpu-node-{(r % 64) // 8:03d}", rank=r % 64,
+                                            line=text, source="bench", offset=len(out)))
     if not silent:
         return out
     return [e for e in out if not extractor.matcher.scan_buffer(e.line.encode())]
@@ -93,6 +100,7 @@ class RunResult:
     right_initiator: int = 0
     rss_rounds: list[float] = field(default_factory=list)
     last_failure_round: int = 0
+    state_json_bytes: int = 0
 
 
 @dataclass
@@ -166,6 +174,7 @@ def run(parts: Parts, jobs: int, ranks: int, lines_per_job: int, *, sample_rss: 
         if incidents and incidents[0].class_ == "cuda_oom" and incidents[0].initiator.rank == 11 % ranks:
             result.right_initiator += 1
     result.close_s = time.perf_counter() - t
+    result.state_json_bytes = sum(len(orjson.dumps(v)) for v in table.values())
     if sample_rss:
         result.rss_rounds.append(process_rss_mb())
     return result
@@ -178,17 +187,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--lines", type=int, default=10_000_000, help="chatter lines over all jobs")
     parser.add_argument("--double-jobs", type=int, default=100, help="jobs in the doubling comparison")
     parser.add_argument("--double-lines", type=int, default=4000, help="lines per job before doubling")
+    parser.add_argument("--real-jobs", type=int, default=50, help="jobs in the run with real chatter")
+    parser.add_argument("--real-lines", type=int, default=3000, help="lines per job in the run with real chatter")
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke run")
     args = parser.parse_args(argv)
     if args.quick:
         args.jobs, args.ranks, args.lines, args.double_jobs, args.double_lines = 20, 16, 60_000, 5, 3000
+        args.real_jobs, args.real_lines = 3, 3000
 
     parts = Parts.build()  # before the baseline, so the baseline has the code, rules and matcher in it
     run(parts, 2, args.ranks, 6 * BATCH_LINES, sample_rss=False)  # warm-up: lazily compiled regexes, caches
     gc.collect()
     baseline = process_rss_mb()
     t = time.perf_counter()
-    big = run(parts, args.jobs, args.ranks, args.lines // args.jobs)
+    big = run(parts, args.jobs, args.ranks, args.lines // args.jobs, silent=True)
     wall = time.perf_counter() - t
     peak = max(big.rss_rounds)
     settled = big.rss_rounds[min(big.last_failure_round + 1, len(big.rss_rounds) - 1)]
@@ -215,7 +227,25 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"(reference), correlation time x{corr_ratio:.2f} ({corr_one:.2f}s -> {corr_two:.2f}s)")
     print(f"  ratio correlation-growth / matching-growth = {corr_ratio / match_ratio:.2f} "
           f"(1.0 would mean correlation grows with lines; 0.5 with signals only)")
+    # Real chatter: training-step lines hit progress-marker and metric rules, so some become signals too.
+    real = run(parts, args.real_jobs, args.ranks, args.real_lines)
+    # RSS freed by the main run is reused here, so the real run's state is sized by its JSON (what the
+    # table's changelog holds), scaled by the main run's measured RSS per JSON byte.
+    real_json_kb = real.state_json_bytes / 1024 / args.real_jobs
+    big_json_kb = big.state_json_bytes / 1024 / args.jobs
+    rss_per_json = (peak - baseline) / (big.state_json_bytes / 1024 / 1024) if big.state_json_bytes else float("nan")
+    projected = baseline + real_json_kb * args.jobs / 1024 * rss_per_json
+    per_job_kb = real_json_kb * rss_per_json
+    print(f"  job state as JSON: {big_json_kb:.0f} KB per job (main run; RSS {rss_per_json:.1f} MB per JSON MB)")
+    print(f"  with real chatter ({args.real_jobs} jobs x {args.ranks} ranks, {real.lines:,} lines): {real.signals:,} "
+          f"signals = {real.signals / real.lines:.2f} per line (reference: {big.signals / big.lines:.4f} per line from "
+          f"failures alone); correlation {real.correlate_s / max(real.signals, 1) * 1e6:.0f} us per signal; state "
+          f"{real_json_kb:.0f} KB JSON per job = {real_json_kb / big_json_kb:.1f}x the main run's -> {args.jobs} jobs "
+          f"~ {projected:.0f} MB RSS projected; target < {TARGET_RSS_MB:.0f} MB: "
+          f"{'met' if projected < TARGET_RSS_MB else 'NOT met'}")
     return {
+        "real_signals_per_line": real.signals / real.lines, "real_state_kb_per_job": per_job_kb,
+        "real_correlate_us_per_signal": real.correlate_s / max(real.signals, 1) * 1e6,
         "lines": float(big.lines), "signals": float(big.signals), "rss_baseline_mb": baseline, "rss_peak_mb": peak,
         "rss_growth_after_signals_pct": growth, "match_s": big.match_s, "correlate_s": big.correlate_s,
         "close_s": big.close_s, "incidents": float(big.incidents), "right_initiator": float(big.right_initiator),

@@ -24,6 +24,15 @@ MiB = 1024 * 1024
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def stop_cleanly_on_sigterm() -> None:
+    """SIGTERM (`timeout`, Ctrl-C from make) raises SystemExit, so the `finally` blocks stop the
+    broker and worker processes this benchmark started instead of leaving them running."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def synthetic_lines(size_bytes: int, *, seed: int = 1) -> list[str]:
     """About `size_bytes` of realistic training-log lines (~0.1% failure lines from the rules' examples)."""
     with tempfile.TemporaryDirectory(prefix="rootrank-bench-lines-") as tmp:

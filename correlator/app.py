@@ -126,7 +126,7 @@ def faust_settings(settings: Settings, role: str, *, web_port: int | None) -> di
         "datadir": str(Path(settings.data_dir) / "faust" / role),
         "web_enabled": web_port is not None,
         "web_port": web_port or settings.web_port,
-        "web_bind": "127.0.0.1",
+        "web_bind": settings.web_bind,
         "web_host": "127.0.0.1",
         "worker_redirect_stdouts": False,
     }

@@ -165,6 +165,54 @@ def _search_settings(args: argparse.Namespace) -> Any:
     return settings
 
 
+def _cmd_hosts(args: argparse.Namespace) -> int:
+    import orjson
+    from elastic_transport import TransportError
+    from elasticsearch import ApiError
+
+    from correlator.fleet import (
+        find_offenders,
+        format_offenders,
+        new_crossings,
+        offender_dict,
+        post_drain_list,
+        remember_reported,
+    )
+    from correlator.search import parse_since
+    from correlator.sinks.elasticsearch import incidents_names, make_client
+
+    settings = _search_settings(args)
+    try:
+        since = None if args.since in (None, "", "all") else parse_since(args.since)
+    except ValueError as exc:
+        print(f"rootrank hosts: {exc}", file=sys.stderr)
+        return 2
+    classes = [c.strip() for c in args.classes.split(",") if c.strip()] if args.classes else None
+    client = make_client(settings.elasticsearch)
+    try:
+        offenders = find_offenders(client, incidents_names(settings.elasticsearch.index_prefix).alias,
+                                   since=since, min_jobs=max(1, args.min_jobs), classes=classes)
+    except (ApiError, TransportError) as exc:
+        print(f"rootrank hosts: {settings.elasticsearch.url}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        for o in offenders:
+            sys.stdout.buffer.write(orjson.dumps(offender_dict(o)) + b"\n")
+    elif offenders:
+        print(format_offenders(offenders))
+    if args.notify_url:
+        fresh = new_crossings(offenders, Path(args.notify_state))
+        if fresh:
+            try:
+                post_drain_list(args.notify_url, fresh, min_jobs=args.min_jobs, token=args.notify_token)
+            except OSError as exc:
+                print(f"rootrank hosts: --notify-url: {exc}", file=sys.stderr)
+                return 1
+            remember_reported(fresh, Path(args.notify_state))
+            print(f"rootrank hosts: reported {len(fresh)} new host(s) to the drain webhook", file=sys.stderr)
+    return 0
+
+
 def _cmd_incidents(args: argparse.Namespace) -> int:
     import orjson
     from elastic_transport import TransportError
@@ -431,7 +479,8 @@ def _add_streaming_parsers(sub: argparse._SubParsersAction) -> None:  # type: ig
     _add_connection_args(worker)
     worker.add_argument("--role", default="all", help="all, match, correlate, or a comma-separated list")
     worker.add_argument("--web-port", type=int, default=None,
-                        help="serve /rootrank/metrics and /rootrank/health on 127.0.0.1:PORT (default: off)")
+                        help="serve /metrics, /healthz, /readyz (and /rootrank/metrics, /rootrank/health) on "
+                        "web_bind:PORT (default: off; web_bind: 127.0.0.1, ROOTRANK_WEB_BIND=0.0.0.0 in a pod)")
     worker.add_argument("--loglevel", default="warning", choices=["debug", "info", "warning", "error"])
     worker.add_argument("--skip-setup", action="store_true", help="do not create missing topics at start")
     worker.set_defaults(func=_cmd_worker)
@@ -627,6 +676,24 @@ def build_parser() -> argparse.ArgumentParser:
     incidents.add_argument("--es-url", help="Elasticsearch URL; when not given: the config's elasticsearch.url")
     incidents.add_argument("--config", help="YAML config file; when not given: $ROOTRANK_CONFIG")
     incidents.set_defaults(func=_cmd_incidents)
+    hosts = sub.add_parser(
+        "hosts", help="repeat offenders: hosts (and GPUs) that initiated hardware-like incidents in several jobs",
+        description="Hosts that initiated incidents of hardware-like classes (GPU hardware errors, network "
+        "fabric, ECC, shm, silent data corruption) in at least --min distinct jobs. With --notify-url, hosts "
+        "that crossed the threshold since the last run are POSTed there once (a drain list for the scheduler).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    hosts.add_argument("--since", default="30d", help="30m, 6h, 7d, 2w, an ISO date/time, or 'all'")
+    hosts.add_argument("--min", dest="min_jobs", type=int, default=3, help="distinct jobs a host must have broken")
+    hosts.add_argument("--classes", help="comma-separated classes (default: the hardware-like ones)")
+    hosts.add_argument("--json", action="store_true", help="one host JSON per line")
+    hosts.add_argument("--notify-url", help="POST hosts that newly crossed the threshold to this URL")
+    hosts.add_argument("--notify-token", help="bearer token for --notify-url")
+    hosts.add_argument("--notify-state", default=".rootrank-hosts-notified.json",
+                       help="file remembering which hosts were already reported")
+    hosts.add_argument("--es-url", help="Elasticsearch URL; when not given: the config's elasticsearch.url")
+    hosts.add_argument("--config", help="YAML config file; when not given: $ROOTRANK_CONFIG")
+    hosts.set_defaults(func=_cmd_hosts)
     show = sub.add_parser("show", help="print one incident with its evidence, fix and verification",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     show.add_argument("id", metavar="ID", help="incident id (a unique prefix is enough)")

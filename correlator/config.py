@@ -128,6 +128,9 @@ class Settings(BaseSettings):
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     data_dir: str = ".rootrank-data"
     web_port: int = 6066
+    # Address of the worker's HTTP server (/metrics, /healthz, /readyz): 0.0.0.0 in a pod, so the
+    # kubelet's probes and Prometheus reach it; loopback by default.
+    web_bind: str = "127.0.0.1"
 
 
 def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:

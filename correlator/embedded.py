@@ -28,7 +28,10 @@ from typing import TextIO
 from correlator.config import Settings
 
 # Extra parts of the local stack, started after Kafka and before the worker: "module:function".
-PARTS: list[str] = []
+PARTS: list[str] = [
+    "correlator.local_services:start_elasticsearch",
+    "correlator.local_services:start_webhook_receiver",
+]
 
 
 @dataclass

@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from correlator.matcher import Matcher
 
@@ -36,7 +36,7 @@ class _StreamState:
     sent_upto: int = -1  # highest line number sent
     last_line: tuple[int, str] | None = None
     last_progress: tuple[int, str] | None = None
-    last_heartbeat: float = field(default_factory=time.monotonic)
+    last_heartbeat: float = 0.0
     read_since_heartbeat: int = 0
 
 
@@ -71,7 +71,8 @@ class EvidenceFilter:
     def _state(self, key: str) -> _StreamState:
         state = self._streams.get(key)
         if state is None:
-            state = self._streams[key] = _StreamState(before=collections.deque(maxlen=self.context or 1))
+            state = self._streams[key] = _StreamState(before=collections.deque(maxlen=self.context or 1),
+                                                     last_heartbeat=self.clock())
         return state
 
     def _classify(self, texts: Sequence[str]) -> tuple[set[int], set[int], int | None]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import REGISTRY, Collector
+from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,12 @@ def readiness(apps: Sequence[Any], rules_loaded: Callable[[], bool]) -> tuple[bo
     ready = details["rules_loaded"]
     for app in apps:
         state = {"connected": _connected(app), "assigned": len(_assigned(app)), "rebalancing": bool(app.rebalancing)}
-        ready = ready and state["connected"] and state["assigned"] > 0 and not state["rebalancing"]
+        if len(app.agents) == 0:
+            # A role that runs its own Kafka clients (the es-sink's threads) subscribes nothing through
+            # faust: there is nothing faust could assign it, so only liveness applies.
+            state["agents"] = 0
+        else:
+            ready = ready and state["connected"] and state["assigned"] > 0 and not state["rebalancing"]
         details["apps"][str(app.conf.id)] = state
     details["ready"] = bool(ready)
     return bool(ready), details
@@ -189,7 +194,7 @@ def update_consumer_lag(app: Any) -> None:
     for tp in _assigned(app):
         try:
             highwater = consumer.highwater(tp)
-        except Exception:  # noqa: BLE001 - no fetch yet for this partition
+        except Exception:  # noqa: BLE001, S112 - no fetch yet for this partition
             continue
         if highwater is None:
             continue
@@ -280,7 +285,7 @@ class ShipStatsCollector(Collector):
 class _Handler(BaseHTTPRequestHandler):
     registry: Any = REGISTRY
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path in ("/metrics", "/rootrank/metrics"):
             body, ctype, status = generate_latest(self.registry), CONTENT_TYPE_LATEST, 200
@@ -294,7 +299,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: no access log on stderr
+    def log_message(self, format: str, *args: Any) -> None:
         return
 
 
@@ -311,8 +316,10 @@ def ship_metrics_hook(port: int, host: str = "127.0.0.1") -> Callable[[Any, Any]
     """For ShipOptions.on_start: called in the shipping process with its ShipStats (and line filter)."""
 
     def start(stats: Any, line_filter: Any) -> None:
-        REGISTRY.register(ShipStatsCollector(stats, line_filter))
-        serve_metrics(port, host=host)
+        # Its own registry: the shipper has none of the worker's series.
+        registry = CollectorRegistry()
+        registry.register(ShipStatsCollector(stats, line_filter))
+        serve_metrics(port, host=host, registry=registry)
         log.debug("ship metrics on http://%s:%d/metrics", host, port)
 
     return start

@@ -92,11 +92,11 @@ class RuleReloader:
             ruleset = load_ruleset(self.root, strict=True)
         except RuleError as exc:
             return list(exc.problems)
-        except Exception as exc:  # an unreadable folder, a YAML bomb: still not a reason to stop
+        except Exception as exc:  # noqa: BLE001 - an unreadable folder, a YAML bomb: still not a reason to stop
             return [f"{self.root}:1: {type(exc).__name__}: {exc}"]
         try:
             return self.build(ruleset)
-        except Exception as exc:  # e.g. hyperscan refusing the database as a whole
+        except Exception as exc:  # noqa: BLE001 - e.g. hyperscan refusing the database as a whole
             return [f"{self.root}:1: the rule set does not compile: {type(exc).__name__}: {exc}"]
 
     def apply(self, live: LiveRules) -> None:
@@ -140,7 +140,7 @@ class RuleReloader:
         SIGHUP handler (once per process)."""
         tick = interval_s if interval_s > 0 else 1.0
 
-        @app.timer(tick, name=f"{app.conf.id}.rules_reload")
+        @app.timer(tick, name=f"{app.conf.id}.rules_reload")  # type: ignore[untyped-decorator]
         async def rules_reload() -> None:
             self._install_hup()
             if interval_s > 0 or self._hup_requested:

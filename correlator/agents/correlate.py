@@ -36,6 +36,7 @@ CONTROL_CLOSE = "close"
 
 SIGNALS_APPLIED = Counter("rootrank_signals_applied_total", "signals added to job state, by outcome", ["outcome"])
 INCIDENTS_EMITTED = Counter("rootrank_incidents_emitted_total", "incidents sent, by kind", ["kind"])
+JOB_ERRORS = Counter("rootrank_correlate_job_errors_total", "jobs the correlator could not handle, by reason", ["reason"])
 
 
 def signal_digest(raw: bytes) -> str:
@@ -195,6 +196,29 @@ def _group_by_job(events: Sequence[Any]) -> dict[str, tuple[list[Decoded], int |
     return groups
 
 
+def _load_entry(job_id: str, data: dict[str, Any] | None) -> JobEntry:
+    """The job's entry; a stored value this version cannot read starts the job afresh instead of
+    stopping the partition (it would fail again on every retry)."""
+    try:
+        return JobEntry.from_dict(job_id, data)
+    except (ValueError, KeyError, TypeError):
+        log.exception("job %s: stored state unreadable, starting it afresh", job_id)
+        JOB_ERRORS.labels("state_unreadable").inc()
+        return JobEntry(state=JobState(job_id=job_id))
+
+
+def _close_safely(correlator: JobCorrelator, entry: JobEntry, now: float) -> list[Incident]:
+    """Diagnose a quiet job. An engine error is logged and counted, the window stays closed (so the
+    timer does not ask again until new signals arrive), and the worker keeps going."""
+    try:
+        return correlator.close(entry, now)
+    except Exception:
+        log.exception("job %s: diagnosis failed; window closed without an incident", entry.state.job_id)
+        JOB_ERRORS.labels("diagnose_failed").inc()
+        entry.open = False
+        return []
+
+
 def make_correlate_agent(
     app: Any,
     source: Any,
@@ -222,10 +246,10 @@ def make_correlate_agent(
             emitted: list[str] = []
             for job_id, (items, partition) in _group_by_job(events).items():
                 key = job_id.encode("utf-8")
-                entry = JobEntry.from_dict(job_id, table.get(key))
+                entry = _load_entry(job_id, table.get(key))
                 added += correlator.apply(entry, items, now, partition)
                 if any(item.close for item in items) and correlator.is_quiet(entry, now):
-                    for incident in correlator.close(entry, now):
+                    for incident in _close_safely(correlator, entry, now):
                         await incidents_out.send(key=incident.incident_id.encode("utf-8"), value=incident_to_bytes(incident))
                         kind = "new" if incident.revision == 1 else "revision"
                         INCIDENTS_EMITTED.labels(kind).inc()

@@ -10,6 +10,7 @@ offline one, there is exactly one document per incident id, and each revision wa
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections import Counter
@@ -89,7 +90,7 @@ def test_sigkill_mid_failure_gives_one_document_and_one_webhook_per_revision(
     def documents() -> list[dict[str, Any]]:
         es.indices.refresh(index=incidents_names().alias)
         hits = es.search(index=incidents_names().alias, query={"term": {"rootrank.job_id": job}}, size=1000,
-                         source=["rootrank.incident_id", "rootrank.revision"])["hits"]["hits"]
+                         source_includes=["rootrank.incident_id", "rootrank.revision"])["hits"]["hits"]
         return [{"_id": h["_id"], "_index": h["_index"], **h["_source"]["rootrank"]} for h in hits]
 
     started = time.monotonic()
@@ -147,7 +148,7 @@ def test_sigkill_mid_failure_gives_one_document_and_one_webhook_per_revision(
         for w in workers:
             assert secret not in w.log_path.read_text(errors="replace")
 
-        lines = sum(1 for p in (first_file, second_file) for line in open(p, "rb") if line.strip())
+        lines = sum(1 for p in (first_file, second_file) for line in Path(p).read_bytes().splitlines() if line.strip())
         print(f"\nkill -9 x{kills} mid-failure: {lines} lines in {len(first_messages) + len(second_messages)} messages "
               f"sent; incidents expected {len(offline)}, found {len(latest)} (the offline ones) in {len(messages)} "
               f"incident message(s); ES documents {len(docs)} (1 per incident id); webhooks delivered {len(delivered)} "
@@ -156,3 +157,82 @@ def test_sigkill_mid_failure_gives_one_document_and_one_webhook_per_revision(
         for w in workers:
             w.stop()
         es.close()
+
+
+@pytest.mark.skipif(not os.environ.get("ROOTRANK_LONG_TESTS"), reason="long run (about 90 s): `make fuzz` runs it")
+def test_long_run_rebalances_mid_stream_a_worker_joins_then_one_is_killed(tansu_broker: BrokerAddress, tmp_path: Path) -> None:
+    """Jobs stream in thirds: a second worker joins after the first third (partitions move to it),
+    the first worker is SIGKILLed after the second (its partitions move back to the survivor, from
+    the last commit). Every job's incident is still the offline one, each revision emitted once."""
+    from tests.fixtures.kafka import start_pipeline
+    from tests.integration.test_streaming_workers import job_ids_covering_partitions
+
+    raw = 'rootrank_raw_messages_total{outcome="processed"}'
+    pipeline = start_pipeline(tansu_broker, tmp_path, "rr-rebalance", workers=1)
+    try:
+        jobs = job_ids_covering_partitions("rebal")
+        expected: dict[str, list[dict[str, Any]]] = {}
+        thirds: list[list[tuple[bytes, list[bytes]]]] = [[], [], []]
+        for index, (job, cls) in enumerate(zip(jobs, ["cuda_oom", "nccl_timeout", "cuda_oom", "nccl_timeout"])):
+            out = tmp_path / job
+            truth = simulate(cls, world_size=8, hosts=2, seed=40 + index, noise_lines=12, out=out)
+            paths = log_paths(out, truth)
+            expected[job] = sorted((incident_essentials(i.to_json_dict()) for i in diagnose_paths(paths, job_id=job)),
+                                   key=lambda i: i["incident_id"])
+            for path in paths:
+                messages = ship_format_messages(job, path, lines_per_message=10)
+                step = -(-len(messages) // 3)
+                for part in range(3):
+                    thirds[part].append((f"{job}|{path}".encode(), messages[part * step:(part + 1) * step]))
+        sent = sum(len(m) for third in thirds for _, m in third)
+        started = time.monotonic()
+
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=str(tansu_broker), acks="all", linger_ms=5)
+
+        def send(part: int, spread_s: float = 0.0) -> None:
+            """One third of every stream, in order per stream; spread over `spread_s` seconds."""
+            batches = [(key, m) for key, messages in thirds[part] for m in messages]
+            for n, (key, message) in enumerate(batches):
+                producer.send("rootrank.logs", key=key, value=message)
+                if spread_s and n % 10 == 9:
+                    producer.flush(30)
+                    time.sleep(spread_s * 10 / len(batches))
+            producer.flush(30)
+
+        first = pipeline.worker
+        send(0)
+        second = pipeline.add_worker()  # rebalance 1: a worker joins while the second third trickles in
+        second.wait_ready()  # serving; its group join (the rebalance) happens during the trickle
+        send(1, spread_s=12.0)
+        time.sleep(3)
+        second_before_kill = second.metrics().get(raw, 0)
+        first_raw = first.metrics().get(raw, 0)
+        first.stop(signal.SIGKILL)  # rebalance 2: a worker dies mid-stream
+        send(2)
+
+        def all_right(streamed: list[dict[str, Any]]) -> bool:
+            for job, want in expected.items():
+                latest = [i for i in latest_revisions(streamed).values() if i["job_id"] == job]
+                if sorted((incident_essentials(i) for i in latest), key=lambda i: i["incident_id"]) != want:
+                    return False
+            return True
+
+        streamed = [i for i in pipeline.incidents(None, until=all_right, timeout=120) if i["job_id"] in expected]
+        elapsed = time.monotonic() - started
+        seen = [(i["incident_id"], i["revision"]) for i in streamed]
+        assert len(seen) == len(set(seen)), f"a revision was emitted twice: {seen}"
+        second_raw = second.metrics().get(raw, 0)
+        assert second_raw > 0 and first_raw > 0
+        found = len(latest_revisions(streamed))
+        want = sum(len(v) for v in expected.values())
+        print(f"\nrebalance mid-stream (join, then kill -9): {sent} messages sent for {len(jobs)} jobs; processed "
+              f"{first_raw:.0f} by the killed worker + {second_raw:.0f} by the survivor ({second_before_kill:.0f} "
+              f"before the kill; re-reads after the kill included); incidents expected {want}, found {found}, right "
+              f"after {elapsed:.1f} s; 0 duplicates")
+    finally:
+        pipeline.stop()
+        if "producer" in locals():
+            producer.close(5)
+

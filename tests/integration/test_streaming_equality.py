@@ -12,9 +12,16 @@ from typing import Any
 
 import pytest
 
-from correlator.diagnose import diagnose_paths
+from correlator.rules import load_ruleset
 from correlator.simulate import log_paths, simulate
-from tests.fixtures.kafka import REPO, Pipeline, incident_essentials, latest_revisions
+from tests.fixtures.kafka import (
+    REPO,
+    Pipeline,
+    latest_revisions,
+    offline_incidents,
+    rules_snapshot,
+    streamed_essentials,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -37,31 +44,25 @@ def ship_files(pipeline: Pipeline, job: str, paths: list[str], state_dir: Path, 
 
 @pytest.mark.parametrize("cls,seed", [("cuda_oom", 3), ("nccl_timeout", 5)])
 def test_shipped_job_gives_the_offline_incident(noida_pipeline: Pipeline, tmp_path: Path, cls: str, seed: int) -> None:
-    truth = simulate(cls, world_size=8, hosts=2, seed=seed, noise_lines=12, out=tmp_path / "sim")
+    truth = simulate(cls, world_size=8, hosts=2, seed=seed, noise_lines=12, out=tmp_path / "sim",
+                     ruleset=load_ruleset(rules_snapshot()))
     paths = log_paths(tmp_path / "sim", truth)
     job = f"eq-{cls}-{seed}-{time.time_ns() % 10**8}"
-    offline = sorted((incident_essentials(i.to_json_dict()) for i in diagnose_paths(paths, job_id=job)),
-                     key=lambda i: i["incident_id"])
+    offline = offline_incidents(paths, job)
     assert offline, f"diagnose found nothing in {paths}"
-
-    def same_as_offline(streamed: list[dict[str, Any]]) -> bool:
-        latest = latest_revisions(streamed).values()
-        return sorted((incident_essentials(i) for i in latest), key=lambda i: i["incident_id"]) == offline
 
     started = time.monotonic()
     ship_files(noida_pipeline, job, paths, tmp_path / "ship-state")
     try:
-        streamed = noida_pipeline.incidents(job, until=same_as_offline, timeout=60)
+        streamed = noida_pipeline.incidents(job, until=lambda s: streamed_essentials(s, job) == offline, timeout=60)
     except AssertionError:
-        streamed = noida_pipeline.incidents(job, timeout=5)
-        latest = sorted((incident_essentials(i) for i in latest_revisions(streamed).values()),
-                        key=lambda i: i["incident_id"])
-        assert latest == offline  # shows the difference
+        assert streamed_essentials(noida_pipeline.incidents(job, timeout=5), job) == offline  # shows the difference
         raise
     lines = sum(Path(p).read_bytes().count(b"\n") for p in paths)
     print(f"\n{cls}: {lines} lines from {len(paths)} hosts shipped; the offline incident(s) on "
           f"rootrank.incidents after {time.monotonic() - started:.1f}s, in {len(streamed)} message(s)")
     # One message per revision, revisions counted from 1 without gaps.
-    for incident_id, incident in latest_revisions(streamed).items():
+    latest: dict[str, Any] = latest_revisions(streamed)
+    for incident_id, incident in latest.items():
         revisions = sorted(i["revision"] for i in streamed if i["incident_id"] == incident_id)
         assert revisions == list(range(1, incident["revision"] + 1))

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka.partitioner.default import murmur2
 
-from correlator.diagnose import diagnose_paths
+from correlator.rules import load_ruleset
 from correlator.simulate import log_paths, simulate
 from tests.fixtures.kafka import (
     BrokerAddress,
-    incident_essentials,
-    latest_revisions,
+    offline_incidents,
     produce,
+    rules_snapshot,
     ship_format_messages,
     start_pipeline,
+    streamed_essentials,
     wait_for,
 )
 
@@ -52,20 +54,16 @@ def test_two_workers_split_partitions_and_incidents_stay_right(tansu_broker: Bro
         started = time.monotonic()
         for index, (job, cls) in enumerate(zip(jobs, classes)):
             out = tmp_path / job
-            truth = simulate(cls, world_size=8, hosts=2, seed=20 + index, noise_lines=8, out=out)
+            truth = simulate(cls, world_size=8, hosts=2, seed=20 + index, noise_lines=8, out=out,
+                             ruleset=load_ruleset(rules_snapshot()))
             paths = log_paths(out, truth)
-            expected[job] = sorted((incident_essentials(i.to_json_dict()) for i in diagnose_paths(paths, job_id=job)),
-                                   key=lambda i: i["incident_id"])
+            expected[job] = offline_incidents(paths, job)
             for path in paths:
                 # Keyed like `rootrank ship` keys a stream, so the raw logs spread over the partitions too.
                 produce(tansu_broker, "rootrank.logs", ship_format_messages(job, path), key=f"{job}|{path}".encode())
 
-        def all_right(streamed: list[dict[str, object]]) -> bool:
-            for job, want in expected.items():
-                latest = [i for i in latest_revisions(streamed).values() if i["job_id"] == job]  # type: ignore[arg-type]
-                if sorted((incident_essentials(i) for i in latest), key=lambda i: i["incident_id"]) != want:
-                    return False
-            return True
+        def all_right(streamed: list[dict[str, Any]]) -> bool:
+            return all(streamed_essentials(streamed, job) == want for job, want in expected.items())
 
         streamed = pipeline.incidents(None, until=all_right, timeout=90)
         elapsed = time.monotonic() - started

@@ -184,3 +184,40 @@ def test_engine_clock_follows_event_time_for_replayed_logs(ruleset: RuleSet, ext
     for s in oom_signals(extractor, "j", [(0, 0.0), (1, 30.0)]):
         state.add(s, now=5000.0)
     assert correlator.engine_now(state, 5007.0) == pytest.approx((T0 + timedelta(seconds=30)).timestamp() + 7.0)
+
+
+def test_an_engine_error_closes_the_window_and_keeps_the_worker_going(ruleset: RuleSet, extractor: SignalExtractor) -> None:
+    class FailingEngine(Engine):  # fault injection: the real engine, made to fail
+        def diagnose(self, state: JobState, now: Any = None) -> list[Any]:
+            raise RuntimeError("engine bug")
+
+    h = Harness(ruleset)
+    h.agent = make_correlate_agent(
+        h.app, h.source, h.app.channel(), h.table, JobCorrelator(FailingEngine(ruleset), quiet_window_s=QUIET_S),
+        batch_size=100, batch_within_s=0.02, clock=lambda: h.now, name="failing",
+    )
+    signals = oom_signals(extractor, "job-c", [(1, 0.0)])
+
+    async def scenario() -> None:
+        async with h.agent.test_context() as tested:
+            await h.put_batch(tested, [(b"job-c", signal_to_bytes(s)) for s in signals])
+            h.now += QUIET_S
+            assert await h.put_batch(tested, [(b"job-c", close_message("job-c", h.now))]) == {"signals_added": 0, "emitted": []}
+            assert h.table[b"job-c"]["open"] is False
+            # The next job is still served.
+            more = oom_signals(extractor, "job-d", [(2, 0.0)])
+            assert (await h.put_batch(tested, [(b"job-d", signal_to_bytes(s)) for s in more]))["signals_added"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_unreadable_stored_state_starts_the_job_afresh(ruleset: RuleSet, extractor: SignalExtractor) -> None:
+    h = Harness(ruleset, table={b"job-e": {"state": {"signals": "not a list"}, "open": True}})
+    signals = oom_signals(extractor, "job-e", [(4, 0.0)])
+
+    async def scenario() -> None:
+        async with h.agent.test_context() as tested:
+            assert (await h.put_batch(tested, [(b"job-e", signal_to_bytes(s)) for s in signals]))["signals_added"] == 1
+
+    asyncio.run(scenario())
+    assert [s["rank"] for s in h.table[b"job-e"]["state"]["signals"]] == [4]

@@ -110,7 +110,7 @@ def test_rootrank_commands_parse_and_health_port_matches(resolved: dict[str, Any
         args = parser.parse_args(service["command"])  # exits (fails the test) on an unknown option
         assert callable(args.func), name
         if service["command"][0] == "worker":
-            assert args.web_port == 6066 and "6066/rootrank/health" in " ".join(service["healthcheck"]["test"])
+            assert args.web_port == 6066 and "6066/readyz" in " ".join(service["healthcheck"]["test"])
         if service["command"][0] == "setup":
             assert args.kibana == "http://kibana:5601"
 

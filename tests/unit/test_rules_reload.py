@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from correlator.app import Pipeline
-from correlator.config import Settings
+from correlator.config import EngineSettings, Settings
 from correlator.engine import JobState
-from correlator.rules import default_rules_dir
-from correlator.rules_reload import RuleReloader, pipeline_reloader
+from correlator.rules import RuleSet, default_rules_dir
+from correlator.rules_reload import LiveRules, RuleReloader, pipeline_reloader
 from ingest.event import LogEvent
 
 RULES = default_rules_dir()
@@ -65,7 +65,7 @@ def matches(pipeline: Pipeline, text: str) -> list[str]:
 
 def test_new_rule_broken_rule_and_sighup(tmp_path: Path) -> None:
     root = rules_folder(tmp_path)
-    pipeline = Pipeline(Settings(engine={"rules_dir": str(root)}))
+    pipeline = Pipeline(Settings(engine=EngineSettings(rules_dir=str(root))))
     first = pipeline.ruleset.version
     reloader = pipeline_reloader(pipeline)
     assert pipeline_reloader(pipeline) is reloader  # one per process
@@ -117,8 +117,10 @@ def test_new_rule_broken_rule_and_sighup(tmp_path: Path) -> None:
 
 def test_sighup_reaches_the_reloader_through_the_event_loop(tmp_path: Path) -> None:
     root = rules_folder(tmp_path)
-    loads: list[str] = []
-    reloader = RuleReloader(root, lambda rs: loads.append(rs.version) or None)  # type: ignore[func-returns-value]
+    def build(ruleset: RuleSet) -> LiveRules:
+        raise AssertionError("SIGHUP only asks for a reload; the reload happens at the next tick")
+
+    reloader = RuleReloader(root, build)
 
     async def main() -> None:
         reloader._install_hup()

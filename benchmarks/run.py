@@ -1,0 +1,85 @@
+"""`make bench`: every benchmark in sequence, each printing its figure, its reference and their ratio.
+
+  1. matcher      rule set over a synthetic log vs the hyperscan ceiling and GNU grep (bench_matcher)
+  2. end-to-end   ship/Fluent Bit -> broker -> worker -> incidents vs raw kafka-python (bench_end_to_end)
+  3. latency      last line -> incident on the topic / in ES / at the webhook vs the quiet window (bench_latency)
+  4. state        1,000 jobs x 64 ranks: RSS, and correlation cost vs lines (bench_state)
+  5. offline      `rootrank diagnose` MB/s vs grep on the same file (bench_matcher, same run as 1)
+
+The machine is shared and noisy: compare ratios, not absolute numbers, between runs.
+`--quick` runs every benchmark at a seconds-long size (a smoke run, figures not meaningful);
+`--only NAME[,NAME]` picks benchmarks.
+
+Run: python -m benchmarks.run [--quick] [--only matcher,state]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+
+def _matcher(quick: bool) -> Any:
+    from benchmarks import bench_matcher
+
+    return bench_matcher.main(["--size-mb", "8" if quick else "1024"])
+
+
+def _end_to_end(quick: bool) -> Any:
+    from benchmarks import bench_end_to_end
+
+    return bench_end_to_end.main(["--quick"] if quick else ["--profile"])
+
+
+def _latency(quick: bool) -> Any:
+    from benchmarks import bench_latency
+
+    return bench_latency.main(["--quick"] if quick else [])
+
+
+def _state(quick: bool) -> Any:
+    from benchmarks import bench_state
+
+    return bench_state.main(["--quick"] if quick else [])
+
+
+# name -> runner; "offline" (5) is printed by the matcher benchmark, which times diagnose on the same file.
+BENCHMARKS: dict[str, Callable[[bool], Any]] = {
+    "matcher": _matcher,
+    "end-to-end": _end_to_end,
+    "latency": _latency,
+    "state": _state,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="seconds-long smoke run of each benchmark")
+    parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    args = parser.parse_args(argv)
+    names = list(BENCHMARKS) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark(s): {', '.join(unknown)}")
+    failed = []
+    for name in names:
+        print(f"\n=== {name}{' (quick)' if args.quick else ''} ===", flush=True)
+        t = time.perf_counter()
+        try:
+            BENCHMARKS[name](args.quick)
+        except Exception:  # one broken benchmark must not hide the others' figures
+            traceback.print_exc()
+            failed.append(name)
+        print(f"=== {name}: {time.perf_counter() - t:.0f}s ===", flush=True)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
