@@ -51,6 +51,12 @@ def failure_values(job: str, ranks: int, at: float) -> list[bytes]:
     return values
 
 
+def _job_of(body: bytes) -> str | None:
+    """The job of a generic_json webhook body: {"type", "timestamp", "data": {"incident": {...}}}."""
+    data = json.loads(body).get("data") or {}
+    return (data.get("incident") or {}).get("job_id")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             sink = subprocess.Popen(
                 [sys.executable, "-m", "correlator.agents.webhook_sink", "--config", str(config),
-                 "--web-port", str(sink_port), "--loglevel", "INFO"],
+                 "--web-port", str(sink_port), "--loglevel", "WARNING"],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         watcher.start()
         # The webhook sink reads new incidents only once its group has joined: wait until its API answers.
@@ -170,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         deadline = time.monotonic() + 180
 
         def hooked_jobs() -> set[str]:
-            return {(json.loads(r.body).get("incident") or {}).get("job_id") for r in receiver.delivered()}
+            return {_job_of(r.body) for r in receiver.delivered()}
 
         while warm not in watcher.first:
             if worker.poll() is not None or time.monotonic() > deadline:
@@ -214,8 +220,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
         hook_at: dict[str, float] = {}
         for r in receiver.delivered():
-            body = json.loads(r.body)
-            job = (body.get("incident") or {}).get("job_id")
+            job = _job_of(r.body)
             if job:
                 hook_at.setdefault(job, r.received_at)
         result: dict[str, float] = {"quiet_window_s": args.quiet_window, "jobs": float(len(sent_at))}

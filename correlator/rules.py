@@ -187,6 +187,10 @@ def default_rules_dir() -> Path:
 # --- YAML with line numbers -------------------------------------------------------------
 
 
+# libyaml's parser when present: the pure-Python one made loading the library take seconds.
+_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _collect_lines(node: yaml.Node, lines: dict[tuple[Any, ...], int], path: tuple[Any, ...]) -> None:
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
@@ -204,10 +208,10 @@ def load_yaml_with_lines(path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
     """The parsed document and a map from key paths (('examples', 'match', 0)) to 1-based lines."""
     text = path.read_text(encoding="utf-8")
     lines: dict[tuple[Any, ...], int] = {}
-    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    node = yaml.compose(text, Loader=_LOADER)
     if node is not None:
         _collect_lines(node, lines, ())
-    return yaml.safe_load(text), lines
+    return yaml.load(text, Loader=_LOADER), lines
 
 
 def _line_for(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int:
@@ -246,6 +250,42 @@ def _rule_files(root: Path) -> Iterable[Path]:
         yield path
 
 
+def _all_patterns(rule: Rule) -> list[str]:
+    return [*rule.patterns, *(rule.sequence.after if rule.sequence else []), *(rule.absence.end if rule.absence else [])]
+
+
+def _all_compile(rule: Rule) -> bool:
+    import hyperscan
+
+    from correlator.matcher import _flags
+
+    patterns = _all_patterns(rule)
+    db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    try:
+        db.compile(expressions=[p.encode("utf-8") for p in patterns], ids=list(range(len(patterns))),
+                   flags=[_flags(rule.caseless)] * len(patterns))
+    except Exception:  # which pattern is wrong is found one by one, for file:line
+        return False
+    return True
+
+
+def _pattern_problems(path: Path, rule: Rule, lines: dict[tuple[Any, ...], int]) -> list[str]:
+    problems: list[str] = []
+    for i, pattern in enumerate(rule.patterns):
+        err = _hyperscan_problem(pattern, rule.caseless)
+        if err:
+            problems.append(f"{path}:{lines.get(('patterns', i), 1)}: patterns[{i}]: hyperscan cannot compile {pattern!r}: {err}")
+    for block, key in ((rule.sequence, "after"), (rule.absence, "end")):
+        if block is None:
+            continue
+        name = "sequence" if block is rule.sequence else "absence"
+        for i, pattern in enumerate(getattr(block, key)):
+            err = _hyperscan_problem(pattern, rule.caseless)
+            if err:
+                problems.append(f"{path}:{lines.get((name, key, i), 1)}: {name}.{key}[{i}]: hyperscan cannot compile: {err}")
+    return problems
+
+
 def load_rule_file(path: Path, classes: dict[str, FailureClass]) -> tuple[LoadedRule | None, list[str]]:
     problems: list[str] = []
     try:
@@ -273,18 +313,8 @@ def load_rule_file(path: Path, classes: dict[str, FailureClass]) -> tuple[Loaded
             if slug not in classes:
                 line = lines.get((key, i), lines.get((key,), 1)) if key == "explains" else lines.get((key,), 1)
                 problems.append(f"{path}:{line}: {key}: unknown class {slug!r} (see rules/classes.yaml)")
-    for i, pattern in enumerate(rule.patterns):
-        err = _hyperscan_problem(pattern, rule.caseless)
-        if err:
-            problems.append(f"{path}:{lines.get(('patterns', i), 1)}: patterns[{i}]: hyperscan cannot compile {pattern!r}: {err}")
-    for block, key in ((rule.sequence, "after"), (rule.absence, "end")):
-        if block is None:
-            continue
-        name = "sequence" if block is rule.sequence else "absence"
-        for i, pattern in enumerate(getattr(block, key)):
-            err = _hyperscan_problem(pattern, rule.caseless)
-            if err:
-                problems.append(f"{path}:{lines.get((name, key, i), 1)}: {name}.{key}[{i}]: hyperscan cannot compile: {err}")
+    if not _all_compile(rule):
+        problems.extend(_pattern_problems(path, rule, lines))
     if problems:
         return None, problems
     loaded = LoadedRule(
