@@ -286,7 +286,9 @@ def _pattern_problems(path: Path, rule: Rule, lines: dict[tuple[Any, ...], int])
     return problems
 
 
-def load_rule_file(path: Path, classes: dict[str, FailureClass]) -> tuple[LoadedRule | None, list[str]]:
+def load_rule_file(
+    path: Path, classes: dict[str, FailureClass], *, check_patterns: bool = True
+) -> tuple[LoadedRule | None, list[str]]:
     problems: list[str] = []
     try:
         data, lines = load_yaml_with_lines(path)
@@ -313,7 +315,7 @@ def load_rule_file(path: Path, classes: dict[str, FailureClass]) -> tuple[Loaded
             if slug not in classes:
                 line = lines.get((key, i), lines.get((key,), 1)) if key == "explains" else lines.get((key,), 1)
                 problems.append(f"{path}:{line}: {key}: unknown class {slug!r} (see rules/classes.yaml)")
-    if not _all_compile(rule):
+    if check_patterns and not _all_compile(rule):
         problems.extend(_pattern_problems(path, rule, lines))
     if problems:
         return None, problems
@@ -328,6 +330,37 @@ def load_rule_file(path: Path, classes: dict[str, FailureClass]) -> tuple[Loaded
         },
     )
     return loaded, []
+
+
+def _whole_set_compiles(files: list[Path], classes: dict[str, FailureClass]) -> bool:
+    import hyperscan
+
+    from correlator.matcher import _cache_dir, _flags
+
+    patterns: list[bytes] = []
+    flags: list[int] = []
+    for path in files:
+        rule, errs = load_rule_file(path, classes, check_patterns=False)
+        if rule is None:
+            continue
+        for pattern in _all_patterns(rule.rule):
+            patterns.append(pattern.encode("utf-8"))
+            flags.append(_flags(rule.rule.caseless))
+    key = hashlib.sha256(b"\0".join(patterns) + repr(flags).encode() + hyperscan.__version__.encode()).hexdigest()[:20]
+    marker = _cache_dir() / f"patterns-ok-{key}"
+    if marker.exists():
+        return True
+    db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    try:
+        db.compile(expressions=patterns, ids=list(range(len(patterns))), flags=flags)
+    except Exception:
+        return False
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass
+    return True
 
 
 def load_ruleset(root: Path | None = None, *, strict: bool = True) -> RuleSet:
@@ -345,8 +378,12 @@ def load_ruleset(root: Path | None = None, *, strict: bool = True) -> RuleSet:
     loaded: list[LoadedRule] = []
     seen: dict[str, Path] = {}
     digest = hashlib.sha256()
-    for path in _rule_files(root):
-        rule, errs = load_rule_file(path, classes)
+    files = list(_rule_files(root))
+    # One compile of every pattern (remembered by content hash) proves them all; only when it fails
+    # is each file compiled on its own, to say which pattern is wrong and where.
+    check_each = not _whole_set_compiles(files, classes)
+    for path in files:
+        rule, errs = load_rule_file(path, classes, check_patterns=check_each)
         problems.extend(errs)
         if rule is None:
             continue
