@@ -100,10 +100,13 @@ def processor_rate(values: list[tuple[bytes | None, bytes]], *, profile: bool, b
 
 
 def run_scenario(broker: Any, workdir: Path, name: str, values: list[tuple[bytes | None, bytes]], lines: int,
-                 log_bytes: int, *, compression: str | None, timeout: float) -> dict[str, float]:
+                 log_bytes: int, *, compression: str | None, timeout: float,
+                 producer_batch: int | None = None) -> dict[str, float]:
     from tests.fixtures.kafka import WorkerProcess, ensure_pipeline_topics, pipeline_env, read_topic
 
     settings = _topic_settings(name)
+    if producer_batch is not None:  # the tests' Tansu setting is 1 (one message per produce request)
+        settings["kafka__producer_max_batch_size"] = str(producer_batch)
     env = pipeline_env(broker, f"bench-{name}", workdir / name, **settings)
     ensure_pipeline_topics(env)
     topic = settings["topics__logs"]
@@ -199,6 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the in-process match work")
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke run (small inputs)")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--producer-batch", type=int, help="worker's kafka.producer_max_batch_size (default: the "
+                        "tests' Tansu setting, 1; Kafka's default is 16384)")
     args = parser.parse_args(argv)
     if args.quick:
         args.size_mb, args.fb_lines = 16, 20_000
@@ -213,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                 values: list[tuple[bytes | None, bytes]] = list(ship_values(lines))
                 log_bytes = text_bytes(lines)
                 r = run_scenario(broker, workdir, "ship", values, len(lines), log_bytes, compression="lz4",
-                                 timeout=args.timeout)
+                                 timeout=args.timeout, producer_batch=args.producer_batch)
                 cpu, plines, prof = processor_rate(values, profile=args.profile)
                 r["processor_lines_per_cpu_s"] = plines / cpu
                 r["processor_mib_per_cpu_s"] = plines / cpu * log_bytes / len(lines) / MiB
@@ -227,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                 values = fluentbit_values(lines)
                 log_bytes = text_bytes(lines)
                 r = run_scenario(broker, workdir, "fluentbit", values, len(lines), log_bytes, compression=None,
-                                 timeout=args.timeout)
+                                 timeout=args.timeout, producer_batch=args.producer_batch)
                 cpu, plines, prof = processor_rate(values, profile=args.profile, max_values_bytes=8 * MiB)
                 r["processor_lines_per_cpu_s"] = plines / cpu
                 r["processor_mib_per_cpu_s"] = plines / cpu * log_bytes / len(lines) / MiB
