@@ -67,8 +67,8 @@ def processor_rate(values: list[tuple[bytes | None, bytes]], *, profile: bool, b
     """The match agent's work in this process over (a prefix of) the values, in the agent's batch size:
     (CPU seconds, lines, top of the profile or "")."""
     from correlator.agents.match import MatchProcessor, RawMessage
-    from correlator.signals import SignalExtractor
     from correlator.rules import load_ruleset
+    from correlator.signals import SignalExtractor
 
     processor = MatchProcessor(SignalExtractor(load_ruleset()))
     taken: list[RawMessage] = []
@@ -121,6 +121,7 @@ def run_scenario(broker: Any, workdir: Path, name: str, values: list[tuple[bytes
     assert worker.proc is not None
     try:
         t0 = l0 = cpu0 = None
+        served: tuple[float, float, float] | None = None  # the first reading: a fallback start for tiny inputs
         done = 0.0
         t1 = cpu1 = 0.0
         deadline = time.monotonic() + timeout
@@ -134,6 +135,8 @@ def run_scenario(broker: Any, workdir: Path, name: str, values: list[tuple[bytes
                 time.sleep(0.1)
                 continue
             seen = counter(metrics, "rootrank_lines_total")
+            if served is None:
+                served = (now, seen, process_cpu_s(worker.proc.pid))
             if seen > done:
                 last_change = time.monotonic()
             if seen and t0 is None:
@@ -149,6 +152,10 @@ def run_scenario(broker: Any, workdir: Path, name: str, values: list[tuple[bytes
             raise RuntimeError(f"worker read {done}/{lines} lines in {timeout}s: {worker.log_tail()}")
         assert t0 is not None and l0 is not None and cpu0 is not None
         deadletters = counter(worker.metrics(), 'rootrank_raw_messages_total{outcome="deadletter"}')
+        if done - l0 <= 0 and served is not None and served[1] < done:
+            # Everything arrived in the first counted batch (a --quick input): time it from the first
+            # reading instead, which also counts the wait for the group join (so it under-states).
+            t0, l0, cpu0 = served
         wall = t1 - t0
         counted = done - l0
         cpu = cpu1 - cpu0
@@ -206,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                         "tests' Tansu setting, 1; Kafka's default is 16384)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.size_mb, args.fb_lines = 16, 20_000
+        args.size_mb, args.fb_lines = 2, 3_000
 
     stop_cleanly_on_sigterm()
     workdir = Path(tempfile.mkdtemp(prefix="rootrank-bench-e2e-"))
@@ -215,7 +222,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         with tansu_broker(workdir) as broker:
             if args.only in (None, "ship"):
                 lines = synthetic_lines(int(args.size_mb * MiB))
-                values: list[tuple[bytes | None, bytes]] = list(ship_values(lines))
+                values: list[tuple[bytes | None, bytes]] = list(
+                    ship_values(lines, batch_bytes=16 * 1024 if args.quick else 256 * 1024))
                 log_bytes = text_bytes(lines)
                 r = run_scenario(broker, workdir, "ship", values, len(lines), log_bytes, compression="lz4",
                                  timeout=args.timeout, producer_batch=args.producer_batch)

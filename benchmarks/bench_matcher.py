@@ -14,8 +14,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import hyperscan
-
 from benchmarks.synthetic import write_log
 from correlator.diagnose import CHUNK_BYTES, Diagnoser
 from correlator.matcher import Matcher

@@ -28,7 +28,7 @@ import gc
 import random
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -77,10 +77,10 @@ def failure_events(job: str, ranks: int, t0: float, round_index: int, oom_round:
     if round_index == oom_round:
         out.append(LogEvent.model_construct(
             job_id=job, host=f"{job}-node-{culprit // 8}", rank=culprit, local_rank=culprit % 8, pid=40000 + culprit,
-            ts=datetime.fromtimestamp(t0, tz=timezone.utc), line=OOM.format(gpu=culprit % 8), source="bench",
+            ts=datetime.fromtimestamp(t0, tz=UTC), line=OOM.format(gpu=culprit % 8), source="bench",
             offset=round_index * 10_000))
     elif round_index in (oom_round + 1, oom_round + 3):  # the watchdog reports, then repeats itself
-        at = datetime.fromtimestamp(t0 + 600 + round_index, tz=timezone.utc)
+        at = datetime.fromtimestamp(t0 + 600 + round_index, tz=UTC)
         for rank in range(ranks):
             if rank != culprit:
                 out.append(LogEvent.model_construct(

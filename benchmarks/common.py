@@ -102,7 +102,6 @@ def ship_values(lines: list[str], *, jobs: int = 8, streams_per_job: int = 8, ba
     offsets = [0] * streams
     chunk: list[tuple[float | None, str | None, str]] = []
     size = 0
-    n = 0
 
     def flush() -> None:
         nonlocal chunk, size
@@ -114,9 +113,8 @@ def ship_values(lines: list[str], *, jobs: int = 8, streams_per_job: int = 8, ba
         out.append((f"{job}|gpu-node-{rank:03d}|stdout".encode(), value))
         chunk, size = [], 0
 
-    for line in lines:
+    for n, line in enumerate(lines):
         chunk.append((t0 + n * 1e-5, "stdout", line))
-        n += 1
         size += len(line) + 40
         if size >= batch_bytes:
             flush()

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         try:
             BENCHMARKS[name](args.quick)
-        except Exception:  # one broken benchmark must not hide the others' figures
+        except Exception:  # noqa: BLE001  (one broken benchmark must not hide the others' figures)
             traceback.print_exc()
             failed.append(name)
         print(f"=== {name}: {time.perf_counter() - t:.0f}s ===", flush=True)

@@ -65,14 +65,14 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         ruleset = load_ruleset(Path(args.rules) if args.rules else None)
     except RuleError as exc:
         for problem in exc.problems:
-            err.print(problem, markup=False, highlight=False)
+            print(problem, file=sys.stderr)
         return 1
     diagnoser = Diagnoser(ruleset)
     stats = DiagnoseStats()
     try:
         total = sum(s.size or 0 for s in iter_sources(args.paths, DiagnoseStats()))
     except InputError as exc:
-        err.print(f"rootrank diagnose: {exc}", markup=False, highlight=False)
+        print(f"rootrank diagnose: {exc}", file=sys.stderr)
         return 2
     show_progress = args.progress == "always" or (args.progress == "auto" and err.is_terminal and total > 32 << 20)
     try:
@@ -88,12 +88,12 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         else:
             incidents, signals = diagnoser.diagnose(args.paths, args.job, stats=stats)
     except InputError as exc:
-        err.print(f"rootrank diagnose: {exc}", markup=False, highlight=False)
+        print(f"rootrank diagnose: {exc}", file=sys.stderr)
         return 2
     for skipped in stats.skipped:
-        err.print(f"skipped: {skipped}", markup=False, highlight=False)
+        print(f"skipped: {skipped}", file=sys.stderr)
     if stats.decode_errors:
-        err.print(f"skipped {stats.decode_errors} undecodable JSON line(s)")
+        print(f"skipped {stats.decode_errors} undecodable JSON line(s)", file=sys.stderr)
     if args.format == "json":
         payload = {"incidents": [i.to_json_dict() for i in incidents]}
         sys.stdout.buffer.write(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
@@ -102,10 +102,10 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
         out = Path(args.output or "rootrank-incident.html")
         if not incidents:
-            err.print("No incident: nothing to draw.")
+            print("No incident: nothing to draw.", file=sys.stderr)
             return 0
         out.write_text(render_incident_html(incidents[0], signals), encoding="utf-8")
-        err.print(f"wrote {out}")
+        print(f"wrote {out}", file=sys.stderr)
     else:
         print_incidents(incidents, Console(emoji=False))
     if args.format != "json" and not stats.files and stats.skipped:

@@ -1,0 +1,87 @@
+"""`rootrank diagnose` on bad input: a clear one-line message or a counted skip, never a traceback."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+OOM = "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.1 GiB"
+
+
+def rootrank(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "correlator.cli", *args], input=stdin.decode("latin-1") if stdin else None,
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_missing_path_is_one_line_error() -> None:
+    proc = rootrank("diagnose", "/no/such/file.log")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "rootrank diagnose: /no/such/file.log: no such file or directory"
+    assert "Traceback" not in proc.stderr
+
+
+def test_binary_file_is_a_counted_skip_and_text_files_still_count(tmp_path: Path) -> None:
+    (tmp_path / "core.bin").write_bytes(bytes(range(256)) * 64)
+    (tmp_path / "rank3.log").write_text(f"step 1 loss 2.0\n{OOM}\n")
+    proc = rootrank("diagnose", "--format", "json", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped: " in proc.stderr and "core.bin: binary data, skipped" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    incidents = json.loads(proc.stdout)["incidents"]
+    assert incidents[0]["class"] == "cuda_oom" and incidents[0]["initiator"]["rank"] == 3
+
+
+def test_only_binary_input_exits_2_with_the_reason(tmp_path: Path) -> None:
+    (tmp_path / "x.bin").write_bytes(b"\0\1\2\3" * 1000)
+    proc = rootrank("diagnose", str(tmp_path / "x.bin"))
+    assert proc.returncode == 2
+    assert "binary data, skipped" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files regardless of their mode")
+def test_unreadable_file_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    f = tmp_path / "secret.log"
+    f.write_text(OOM)
+    f.chmod(0)
+    proc = rootrank("diagnose", str(f))
+    assert "not readable" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_non_utf8_and_gzip_and_stdin_are_read(tmp_path: Path) -> None:
+    raw = b"caf\xe9 \xff\xfe garbage line\n" + OOM.encode() + b"\n"
+    (tmp_path / "a.log.gz").write_bytes(gzip.compress(raw))
+    proc = rootrank("diagnose", "--format", "json", str(tmp_path / "a.log.gz"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["incidents"][0]["class"] == "cuda_oom"
+    proc = rootrank("diagnose", "--format", "json", "-", stdin=raw)
+    assert json.loads(proc.stdout)["incidents"][0]["initiator"]["rank"] == 3
+
+
+def test_clean_log_gives_the_empty_contract(tmp_path: Path) -> None:
+    (tmp_path / "ok.log").write_text("[rank0]: step 10 loss 2.1\n[rank1]: step 10 loss 2.2\n")
+    proc = rootrank("diagnose", "--format", "json", str(tmp_path / "ok.log"))
+    assert proc.returncode == 0 and json.loads(proc.stdout) == {"incidents": []}
+
+
+def test_broken_rule_folder_is_reported_as_file_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("id: bad\ntitle: [unclosed\n")
+    proc = rootrank("diagnose", "--rules", str(tmp_path), "/dev/null")
+    assert proc.returncode == 1
+    assert re.match(rf"{re.escape(str(tmp_path / 'bad.yaml'))}:[23]: YAML syntax: ", proc.stderr), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_gzip_that_is_not_gzip_is_a_counted_skip(tmp_path: Path) -> None:
+    (tmp_path / "fake.log.gz").write_text("not gzip at all\n")
+    proc = rootrank("diagnose", str(tmp_path / "fake.log.gz"))
+    assert "fake.log.gz" in proc.stderr and "Traceback" not in proc.stderr
