@@ -27,7 +27,7 @@ from tests.integration.es_support import make_incident
 pytestmark = pytest.mark.integration
 
 ALIAS = incidents_names().alias
-OUTAGE_S = 30.0
+OUTAGE_S = 60.0  # issue 4 asks for 30 s, the reliability issue for 60 s: the longer one covers both
 
 
 @dataclass
