@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from correlator.matcher import Hit, Matcher
 from correlator.models import MAX_EVIDENCE_LINE, Signal
@@ -107,10 +107,62 @@ class SignalExtractor:
             **identity,  # type: ignore[arg-type]
         )
 
-    def from_events(self, events: Sequence[LogEvent], *, order_base: int = 0) -> list[Signal]:
-        lines = [event.line.encode("utf-8", "replace") for event in events]
+    def is_routine(self, hit: Hit) -> bool:
+        """Progress markers and metric values: lines a healthy job prints every step."""
+        rule = self.rules[hit.rule_index]
+        if hit.role == "end":
+            return rule.absence is not None and rule.absence.progress
+        return hit.role == "main" and rule.metric is not None
+
+    def metric_value(self, hit: Hit, text: str) -> float:
+        rule = self.rules[hit.rule_index]
+        assert rule.metric is not None
+        try:
+            value = float(self.matcher.extract(hit.rule_index, text).get(rule.metric.field, "nan"))
+        except ValueError:
+            value = float("nan")
+        return float("inf") if value != value else value  # nan/inf are abnormal by themselves: keep them
+
+    def from_texts(
+        self,
+        texts: Sequence[str],
+        event_at: Callable[[int], LogEvent],
+        stream_of: Callable[[int], Hashable],
+        order_of: Callable[[int], int],
+    ) -> list[Signal]:
+        """Scan a batch of raw lines once; build events only for the lines that hit.
+
+        Routine hits (progress markers, metric values) collapse per rule and stream within the batch:
+        the latest progress line, the largest value (the smallest rides along as `metric_min`). The
+        job state keeps the same per process, so this only saves work.
+        """
+        lines = [t.encode("utf-8", "replace") for t in texts]
         hits = best_hits_per_line(self.matcher.scan_lines(lines), self.rules)
-        return [
-            self.signal_for(events[index], hit, order_base + (index if events[index].offset is None else events[index].offset))
-            for index, hit in hits
-        ]
+        out: list[Signal] = []
+        routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]] = {}
+        for index, hit in hits:
+            if not self.is_routine(hit):
+                out.append(self.signal_for(event_at(index), hit, order_of(index), raw=texts[index]))
+                continue
+            key = (hit.rule_index, hit.role, stream_of(index))
+            value = self.metric_value(hit, texts[index]) if hit.role == "main" else float(index)
+            current = routine.get(key)
+            low = value if current is None else min(current[3], value)
+            if current is None or value >= current[0]:
+                routine[key] = (value, index, hit, low)
+            else:
+                routine[key] = (current[0], current[1], current[2], low)
+        for _value, index, hit, low in routine.values():
+            signal = self.signal_for(event_at(index), hit, order_of(index), raw=texts[index])
+            if "metric" in signal.fields:
+                signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
+            out.append(signal)
+        return out
+
+    def from_events(self, events: Sequence[LogEvent], *, order_base: int = 0) -> list[Signal]:
+        return self.from_texts(
+            [event.line for event in events],
+            events.__getitem__,
+            lambda i: (events[i].host, events[i].rank, events[i].local_rank, events[i].pid, events[i].file),
+            lambda i: order_base + (i if events[i].offset is None else events[i].offset),
+        )

@@ -23,7 +23,7 @@ from prometheus_client import Counter
 from correlator import metrics
 from correlator.models import Signal
 from correlator.signals import SignalExtractor
-from ingest.decoders import DecodeError, decode_value, to_event
+from ingest.decoders import DecodeError, RawRecord, decode_value, to_event
 from ingest.event import LogEvent
 from ingest.ship_format import SHIP_SOURCE
 
@@ -106,7 +106,7 @@ class MatchProcessor:
         self.reject_invalid_utf8 = invalid_utf8 == "deadletter"
         self.job_path_regex = job_path_regex
 
-    def _events_of(self, message: RawMessage) -> list[LogEvent]:
+    def _records_of(self, message: RawMessage) -> list[tuple[RawRecord, int | None]]:
         """Raises DecodeError (with the reason) for a value that is not a log message."""
         value = message.value
         if value is None or not value.strip():
@@ -129,24 +129,40 @@ class MatchProcessor:
                 # times it from the timed lines around it in its file, as `rootrank diagnose` does.
                 record.received_ts = None
         base = message.offset * LINES_PER_OFFSET
-        return [
-            to_event(
-                record,
-                # A position the forwarder sent (Filebeat's log.offset) wins; else the Kafka offset
-                # orders the lines, which is all there is for one-line-per-message forwarders.
-                offset=None if record.offset is not None else base + index,
-                path_regex=self.job_path_regex,
-            )
-            for index, record in enumerate(records)
-        ]
+        # A position the forwarder sent (Filebeat's log.offset) wins; else the Kafka offset orders
+        # the lines, which is all there is for one-line-per-message forwarders.
+        return [(record, None if record.offset is not None else base + index) for index, record in enumerate(records)]
+
+    def _event(self, record: RawRecord, offset: int | None) -> LogEvent:
+        return to_event(record, offset=offset, path_regex=self.job_path_regex)
+
+    def _extract(self, pending: list[tuple[RawRecord, int | None]]) -> list[Signal]:
+        """One scan over the raw texts; events (prefix parsing, validation) only for lines that hit."""
+        cache: dict[int, LogEvent] = {}
+
+        def event_at(i: int) -> LogEvent:
+            if i not in cache:
+                cache[i] = self._event(*pending[i])
+            return cache[i]
+
+        def order_of(i: int) -> int:
+            event = event_at(i)
+            return event.offset if event.offset is not None else i
+
+        return self.extractor.from_texts(
+            [record.text for record, _ in pending],
+            event_at,
+            lambda i: (pending[i][0].host, pending[i][0].rank, pending[i][0].file, pending[i][0].stream),
+            order_of,
+        )
 
     def process(self, messages: Sequence[RawMessage]) -> MatchOutput:
         out = MatchOutput()
-        events: list[LogEvent] = []
-        owners: list[int] = []  # index of the message each event came from
+        events: list[tuple[RawRecord, int | None]] = []
+        owners: list[int] = []  # index of the message each record came from
         for index, message in enumerate(messages):
             try:
-                these = self._events_of(message)
+                these = self._records_of(message)
             except DecodeError as exc:
                 out.dead_letters.append(dead_letter(message, exc.reason, str(exc), max_raw_bytes=self.deadletter_max_raw_bytes))
                 continue
@@ -160,7 +176,7 @@ class MatchProcessor:
         out.lines = len(events)
         if events:
             try:
-                out.signals = self.extractor.from_events(events)
+                out.signals = self._extract(events)
             except Exception:
                 # Find the value that breaks extraction instead of losing the whole batch.
                 log.exception("signal extraction failed on a batch; retrying value by value")
@@ -168,15 +184,16 @@ class MatchProcessor:
         return out
 
     def _extract_one_by_one(
-        self, messages: Sequence[RawMessage], events: list[LogEvent], owners: list[int], out: MatchOutput
+        self, messages: Sequence[RawMessage], events: list[tuple[RawRecord, int | None]], owners: list[int],
+        out: MatchOutput,
     ) -> list[Signal]:
         signals: list[Signal] = []
-        by_owner: dict[int, list[LogEvent]] = {}
+        by_owner: dict[int, list[tuple[RawRecord, int | None]]] = {}
         for event, owner in zip(events, owners):
             by_owner.setdefault(owner, []).append(event)
         for owner, owned in by_owner.items():
             try:
-                signals.extend(self.extractor.from_events(owned))
+                signals.extend(self._extract(owned))
             except Exception as exc:  # noqa: BLE001 - this value is poison: dead-letter it
                 out.processed -= 1
                 out.lines -= len(owned)
