@@ -16,7 +16,9 @@ from pathlib import Path
 
 from benchmarks.synthetic import write_log
 from correlator.diagnose import CHUNK_BYTES, Diagnoser
-from correlator.matcher import Matcher
+import hyperscan
+
+from correlator.matcher import Matcher, _flags
 from correlator.rules import load_ruleset
 
 
@@ -58,17 +60,22 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     size = log.stat().st_size
     print(f"synthetic log: {size / 1e6:.0f} MB, {lines} lines ({time.perf_counter() - t:.1f}s to write)")
 
-    # 1. Ceiling: the same database over the file as contiguous buffers, doing nothing per match.
-    count = 0
-
-    def on_match(*_: object) -> None:
-        nonlocal count
-        count += 1
-
+    # 1. Ceiling: every pattern of the rule set (failure signatures, progress markers, metric values)
+    # in one database, scanned over the file as contiguous buffers with no per-match work at all.
+    everything = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    all_patterns = [
+        (p, lr.rule.caseless) for lr in ruleset.rules
+        for p in [*lr.rule.patterns, *(lr.rule.sequence.after if lr.rule.sequence else []),
+                  *(lr.rule.absence.end if lr.rule.absence else [])]
+    ]
+    everything.compile(
+        expressions=[p.encode() for p, _ in all_patterns], ids=list(range(len(all_patterns))),
+        flags=[_flags(caseless) for _, caseless in all_patterns],
+    )
     t, c = time.perf_counter(), _cpu()
     with log.open("rb") as fh:
         while chunk := fh.read(CHUNK_BYTES):
-            matcher.db.scan(chunk, match_event_handler=on_match)
+            everything.scan(chunk)
     ceiling, ceiling_cpu = time.perf_counter() - t, _cpu() - c
 
     # 2. The matcher as diagnose uses it: chunk scan + hits mapped to lines.
@@ -121,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "matcher_vs_ceiling_cpu": ceiling_cpu / ours_cpu,
         "diagnose_vs_ceiling_cpu": ceiling_cpu / diag_cpu,
     })
-    print(f"hyperscan ceiling (same DB, contiguous): {results['ceiling_mb_s']:8.0f} MB/s")
+    print(f"hyperscan ceiling (all patterns, one DB, contiguous, no callbacks): {results['ceiling_mb_s']:8.0f} MB/s")
     print(f"rootrank matcher (lines + hits):         {results['matcher_mb_s']:8.0f} MB/s  "
           f"= {results['matcher_vs_ceiling']:.2f}x ceiling  ({hits} hits)")
     print(f"rootrank diagnose (end to end):          {results['diagnose_mb_s']:8.0f} MB/s  "

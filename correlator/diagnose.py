@@ -7,6 +7,7 @@ the same decoders the streaming worker uses.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import os
@@ -235,25 +236,11 @@ class Diagnoser:
             acc[key] = (value, hit, low) if value > current[0] else (current[0], current[1], low)
 
     def _identify(self, raw: str) -> Identity:
-        """Identity of one line: a syslog header (host, time) when the file is rsyslog text, then prefixes."""
-        host: str | None = None
-        header_ts = None
-        text = raw
-        if raw[:1].isdigit() or raw[:1] == "<":
-            try:
-                records = decode_value(raw.encode("utf-8", "replace"))
-            except DecodeError:
-                records = []
-            if records and records[0].source == "rsyslog":
-                host, header_ts, text = records[0].host, records[0].ts, records[0].text
-        ident = parse_prefixes(text)
-        if host is None and header_ts is None:
-            return ident
-        return Identity(
-            text=ident.text, rank=ident.rank, local_rank=ident.local_rank, host=ident.host or host,
-            pid=ident.pid, gpu=ident.gpu, ts=ident.ts or header_ts,
-            ts_has_date=ident.ts_has_date if ident.ts else header_ts is not None,
-        )
+        """Identity of one line: a syslog header (host, time) when the file is rsyslog text, then prefixes.
+
+        Memoized: looking back for a timestamp or a traceback's owner revisits the same lines.
+        """
+        return _identify_line(raw)
 
     def _event_for_line(
         self, body: bytes, hit: Hit, base: int, name: str, path_hints: dict[str, str | int], job_id: str
@@ -444,3 +431,26 @@ def diagnose_paths(paths: list[str], job_id: str | None = None) -> list[Incident
         _DEFAULT = Diagnoser()
     incidents, _ = _DEFAULT.diagnose(paths, job_id)
     return incidents
+
+
+@functools.lru_cache(maxsize=8192)
+def _identify_line(raw: str) -> Identity:
+    """Identity of one line (see Diagnoser._identify)."""
+    host: str | None = None
+    header_ts = None
+    text = raw
+    if raw[:1].isdigit() or raw[:1] == "<":
+        try:
+            records = decode_value(raw.encode("utf-8", "replace"))
+        except DecodeError:
+            records = []
+        if records and records[0].source == "rsyslog":
+            host, header_ts, text = records[0].host, records[0].ts, records[0].text
+    ident = parse_prefixes(text)
+    if host is None and header_ts is None:
+        return ident
+    return Identity(
+        text=ident.text, rank=ident.rank, local_rank=ident.local_rank, host=ident.host or host,
+        pid=ident.pid, gpu=ident.gpu, ts=ident.ts or header_ts,
+        ts_has_date=ident.ts_has_date if ident.ts else header_ts is not None,
+    )
