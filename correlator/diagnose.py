@@ -7,6 +7,7 @@ the same decoders the streaming worker uses.
 
 from __future__ import annotations
 
+import math
 import functools
 import gzip
 import io
@@ -195,7 +196,7 @@ class Diagnoser:
             out.append(self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + start, raw=raw))
         # Routine lines (progress markers, metric values) become one signal per rule and process per
         # chunk: the latest progress, the largest value (the smallest rides along in `metric_min`).
-        for (_rule_index, _role, _proc), (_value, hit, low) in sampled.items():
+        for _value, hit, low in sampled.values():
             stats.lines_hit += 1
             event, raw = self._event_for_line(body, hit, base, name, path_hints, job_id)
             signal = self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + hit.start, raw=raw)
@@ -226,7 +227,7 @@ class Diagnoser:
             value = float(text)
         except ValueError:
             value = float("inf")  # nan/inf: abnormal by itself, keep it
-        if value != value:
+        if math.isnan(value):
             value = float("inf")
         current = acc.get(key)
         if current is None:
@@ -407,8 +408,7 @@ def default_job_id(paths: Sequence[str]) -> str:
             return str(hints["job_id"])
         name = Path(raw).name
         for suffix in (".gz", ".log", ".txt", ".out", ".jsonl", ".json"):
-            if name.endswith(suffix):
-                name = name[: -len(suffix)]
+            name = name.removesuffix(suffix)
         return name or "job"
     return "stdin"
 

@@ -18,7 +18,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -137,7 +137,7 @@ class _Timeline:
 def _iso(t: float | None) -> str | None:
     if t is None:
         return None
-    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(t, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
 def estimate_host_offsets(signals: Sequence[Signal]) -> dict[str, float]:

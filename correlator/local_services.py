@@ -105,7 +105,7 @@ class WebhookReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 receiver.received.append(ReceivedWebhook(self.path, headers, body, receiver.verify(headers, body)))
@@ -113,7 +113,7 @@ class WebhookReceiver:
                 self.end_headers()
                 self.wfile.write(b"ok")
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet
+            def log_message(self, format: str, *args: object) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)

@@ -340,7 +340,7 @@ def _whole_set_compiles(files: list[Path], classes: dict[str, FailureClass]) -> 
     patterns: list[bytes] = []
     flags: list[int] = []
     for path in files:
-        rule, errs = load_rule_file(path, classes, check_patterns=False)
+        rule, _ = load_rule_file(path, classes, check_patterns=False)
         if rule is None:
             continue
         for pattern in _all_patterns(rule.rule):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Sequence
 
 from correlator.matcher import Hit, Matcher
@@ -121,7 +122,7 @@ class SignalExtractor:
             value = float(self.matcher.extract(hit.rule_index, text).get(rule.metric.field, "nan"))
         except ValueError:
             value = float("nan")
-        return float("inf") if value != value else value  # nan/inf are abnormal by themselves: keep them
+        return float("inf") if math.isnan(value) else value  # nan/inf are abnormal by themselves: keep them
 
     def from_texts(
         self,
