@@ -31,6 +31,7 @@ from ingest.prefixes import Identity, identity_from_path, parse_prefixes
 
 CHUNK_BYTES = 16 * 1024 * 1024
 CONTINUATION_LOOKBACK = 64
+METRIC_KEEP = 16
 _ORDER_STRIDE = 10**12  # orders of different files never interleave when no timestamps exist
 
 
@@ -196,7 +197,7 @@ class Diagnoser:
             out.append(self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + start, raw=raw))
         # Routine lines (progress markers, metric values) become one signal per rule and process per
         # chunk: the latest progress, the largest value (the smallest rides along in `metric_min`).
-        for _value, hit, low in sampled.values():
+        for _value, hit, low in _metric_extremes(sampled):
             stats.lines_hit += 1
             event, raw = self._event_for_line(body, hit, base, name, path_hints, job_id)
             signal = self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + hit.start, raw=raw)
@@ -214,14 +215,15 @@ class Diagnoser:
     def _aggregate_sampled(
         self, body: bytes, hit: Hit, acc: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]]
     ) -> None:
-        raw = body[hit.start : hit.end].decode("utf-8", "replace")
-        ident = self._identify(raw)
-        proc = (ident.rank, ident.host, ident.pid, ident.local_rank)
-        key = (hit.rule_index, hit.role, proc)
         rule = self.matcher.rules[hit.rule_index]
         if rule.metric is None:
-            acc[key] = (float(hit.start), hit, 0.0)  # hits arrive in order: the last one is the latest
+            # Progress of any rank clears an absence start (`progress: true`): the job's latest progress
+            # line is all that is needed, no identity. Hits arrive in order: the last one is the latest.
+            acc[(hit.rule_index, hit.role, ())] = (float(hit.start), hit, 0.0)
             return
+        raw = body[hit.start : hit.end].decode("utf-8", "replace")
+        ident = self._identify(raw)
+        key = (hit.rule_index, hit.role, (ident.rank, ident.host, ident.pid, ident.local_rank))
         text = self.matcher.extract(hit.rule_index, raw).get(rule.metric.field, "")
         try:
             value = float(text)
@@ -454,3 +456,21 @@ def _identify_line(raw: str) -> Identity:
         pid=ident.pid, gpu=ident.gpu, ts=ident.ts or header_ts,
         ts_has_date=ident.ts_has_date if ident.ts else header_ts is not None,
     )
+
+
+def _metric_extremes(
+    sampled: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]], keep: int = METRIC_KEEP
+) -> list[tuple[float, Hit, float]]:
+    """Per rule, the processes with the largest peaks and a baseline of the smallest: what a spike on one
+    rank is compared with. A 512-rank chunk then costs 2 x METRIC_KEEP events per rule, not 512."""
+    by_rule: dict[tuple[int, str], list[tuple[float, Hit, float]]] = {}
+    for (rule_index, role, _proc), entry in sampled.items():
+        by_rule.setdefault((rule_index, role), []).append(entry)
+    out: list[tuple[float, Hit, float]] = []
+    for entries in by_rule.values():
+        if len(entries) <= 2 * keep:
+            out.extend(entries)
+            continue
+        entries.sort(key=lambda e: e[0])
+        out.extend(entries[:keep] + entries[-keep:])
+    return out
