@@ -65,6 +65,10 @@ def test_worker_restart_mid_job_recovers_state(restart_pipeline: Pipeline, tmp_p
     processor = MatchProcessor(offline_diagnoser().extractor)
     second_half = ship_format_messages(job, second_file)
     second_half_signals = len(processor.process([RawMessage(v, "rootrank.logs", 0, i) for i, v in enumerate(second_half)]).signals)
+    # Routine lines (progress, metric values) collapse per batch, so the worker's count lies between
+    # the second half as one batch and as one batch per message.
+    second_half_most = sum(len(processor.process([RawMessage(v, "rootrank.logs", 0, i)]).signals)
+                           for i, v in enumerate(second_half))
     first_half = ship_format_messages(job, first_file)
     first_half_signals = len(processor.process([RawMessage(v, "rootrank.logs", 0, i) for i, v in enumerate(first_half)]).signals)
 
@@ -90,7 +94,7 @@ def test_worker_restart_mid_job_recovers_state(restart_pipeline: Pipeline, tmp_p
 
     streamed = pipeline.incidents(job, until=lambda s: streamed_essentials(s, job) == offline, timeout=90)
     # Only the second half was new to the restarted worker: the first came back from the changelog.
-    assert _added(restarted.metrics()) == second_half_signals
+    assert second_half_signals <= _added(restarted.metrics()) <= second_half_most
     seen = [(i["incident_id"], i["revision"]) for i in streamed]
     assert len(seen) == len(set(seen)), f"a revision was emitted twice: {seen}"
     print(f"\n{signal.Signals(how).name}: incident recovered and right {time.monotonic() - started:.1f}s after the "
