@@ -267,10 +267,16 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if hit is None:
         print(f"rootrank show: no incident {args.id!r}", file=sys.stderr)
         return 1
-    if args.json:
+    if args.html:
+        from correlator.report_html import render_incident_html
+
+        # The picture from the incident's own evidence lines (the search store keeps no raw lines).
+        Path(args.html).write_text(render_incident_html(hit.incident, None), encoding="utf-8")
+        print(f"wrote {args.html}", file=sys.stderr)
+    elif args.json:
         sys.stdout.buffer.write(orjson.dumps(hit.incident.to_json_dict(), option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        print_incident_detail(hit, Console())
+        print_incident_detail(hit, Console(emoji=False))
     return 0
 
 
@@ -698,6 +704,7 @@ def build_parser() -> argparse.ArgumentParser:
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     show.add_argument("id", metavar="ID", help="incident id (a unique prefix is enough)")
     show.add_argument("--json", action="store_true", help="the incident JSON")
+    show.add_argument("--html", metavar="FILE", help="write the incident picture (self-contained HTML) to FILE")
     show.add_argument("--es-url", help="Elasticsearch URL; when not given: the config's elasticsearch.url")
     show.add_argument("--config", help="YAML config file; when not given: $ROOTRANK_CONFIG")
     show.set_defaults(func=_cmd_show)

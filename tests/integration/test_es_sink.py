@@ -4,6 +4,7 @@ bulk writes, revisions across rollovers, search helpers and the `incidents` / `s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
@@ -202,3 +203,11 @@ def test_cli_incidents_and_show(es: Elasticsearch, elasticsearch_url: str, capsy
     assert json.loads(capsys.readouterr().out)["incident_id"] == "inc-job-b-0002"
     assert main(["show", *url, "inc-job-"]) == 2  # ambiguous
     assert main(["show", *url, "nothing-like-it"]) == 1
+
+
+def test_cli_show_html_writes_the_incident_picture(es: Elasticsearch, elasticsearch_url: str, tmp_path: Path) -> None:
+    _write_incidents(es, [make_incident(3, job="job-c", cls="gpu_hardware_error", host="node-07")])
+    out = tmp_path / "incident.html"
+    assert main(["show", "--es-url", elasticsearch_url, "--html", str(out), "inc-job-c-0003"]) == 0
+    html = out.read_text()
+    assert 'id="initiator-lane"' in html and "gpu_hardware_error" in html and "node-07" in html
