@@ -130,6 +130,11 @@ def faust_settings(settings: Settings, role: str, *, web_port: int | None) -> di
         "web_host": "127.0.0.1",
         "worker_redirect_stdouts": False,
     }
+    if role == "webhooks":
+        # Stop and rebalance without waiting out an incident's delivery retries (minutes while a
+        # receiver is down): the unacked incident is re-read by the next owner and re-delivering it is
+        # harmless (same delivery id, progress table).
+        conf["stream_wait_empty"] = False
     credentials = _credentials(settings)
     if credentials is not None:
         conf["broker_credentials"] = credentials
