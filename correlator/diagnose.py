@@ -7,7 +7,7 @@ the same decoders the streaming worker uses.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import functools
 import gzip
 import io
@@ -187,7 +187,7 @@ class Diagnoser:
         cache: dict[int, tuple[LogEvent, str]] = {}
         sampled: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]] = {}
         for start, hit in pairs:
-            if self._is_sampled(hit):
+            if self.extractor.is_routine(hit):
                 self._aggregate_sampled(body, hit, sampled)
                 continue
             if start not in cache:
@@ -206,12 +206,6 @@ class Diagnoser:
             out.append(signal)
         return out
 
-    def _is_sampled(self, hit: Hit) -> bool:
-        rule = self.matcher.rules[hit.rule_index]
-        if hit.role == "end":
-            return rule.absence is not None and rule.absence.progress
-        return hit.role == "main" and rule.metric is not None
-
     def _aggregate_sampled(
         self, body: bytes, hit: Hit, acc: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]]
     ) -> None:
@@ -224,13 +218,7 @@ class Diagnoser:
         raw = body[hit.start : hit.end].decode("utf-8", "replace")
         ident = self._identify(raw)
         key = (hit.rule_index, hit.role, (ident.rank, ident.host, ident.pid, ident.local_rank))
-        text = self.matcher.extract(hit.rule_index, raw).get(rule.metric.field, "")
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("inf")  # nan/inf: abnormal by itself, keep it
-        if math.isnan(value):
-            value = float("inf")
+        value = self.extractor.metric_value(hit, raw)
         current = acc.get(key)
         if current is None:
             acc[key] = (value, hit, value)
@@ -273,15 +261,20 @@ class Diagnoser:
         )
         return event, raw
 
-    def _earlier_time(self, body: bytes, start: int) -> datetime | None:
-        """An untimed line (a traceback's last line) happened at about the time of the closest timed line before it."""
+    @staticmethod
+    def _lines_before(body: bytes, start: int) -> Iterator[str]:
+        """The lines before offset `start`, closest first, at most CONTINUATION_LOOKBACK of them."""
         pos = start
         for _ in range(CONTINUATION_LOOKBACK):
             if pos <= 0:
-                return None
+                return
             prev_start = body.rfind(b"\n", 0, pos - 1) + 1
-            prev = body[prev_start : pos - 1].decode("utf-8", "replace")
+            yield body[prev_start : pos - 1].decode("utf-8", "replace")
             pos = prev_start
+
+    def _earlier_time(self, body: bytes, start: int) -> datetime | None:
+        """An untimed line (a traceback's last line) happened at about the time of the closest timed line before it."""
+        for prev in self._lines_before(body, start):
             ts = self._identify(prev).ts
             if ts is not None:
                 return ts
@@ -293,30 +286,18 @@ class Diagnoser:
         Only a line that continues something (indented, a frame, or the exception after frames)
         inherits; a launcher's own line right after a rank's line does not.
         """
-        pos = start
-        first = True
-        current = body[start : body.find(b"\n", start) if body.find(b"\n", start) >= 0 else len(body)]
-        current_continues = is_continuation(current.decode("utf-8", "replace"))
-        for _ in range(CONTINUATION_LOOKBACK):
-            if pos <= 0:
-                break
-            prev_start = body.rfind(b"\n", 0, pos - 1) + 1
-            prev = body[prev_start : pos - 1].decode("utf-8", "replace")
-            pos = prev_start
+        end = body.find(b"\n", start)
+        current_continues = is_continuation(body[start : end if end >= 0 else len(body)].decode("utf-8", "replace"))
+        for n, prev in enumerate(self._lines_before(body, start)):
             if not prev.strip():
                 break
-            if first and not (current_continues or is_continuation(prev)):
+            if n == 0 and not (current_continues or is_continuation(prev)):
                 break
-            first = False
             prev_ident = self._identify(prev)
             if prev_ident.rank is not None or prev_ident.host is not None or prev_ident.pid is not None:
-                return Identity(
+                return dataclasses.replace(
+                    prev_ident,
                     text=ident.text,
-                    rank=prev_ident.rank,
-                    local_rank=prev_ident.local_rank,
-                    host=prev_ident.host,
-                    pid=prev_ident.pid,
-                    gpu=prev_ident.gpu,
                     ts=ident.ts or prev_ident.ts,
                     ts_has_date=ident.ts_has_date if ident.ts else prev_ident.ts_has_date,
                 )
@@ -451,9 +432,8 @@ def _identify_line(raw: str) -> Identity:
     ident = parse_prefixes(text)
     if host is None and header_ts is None:
         return ident
-    return Identity(
-        text=ident.text, rank=ident.rank, local_rank=ident.local_rank, host=ident.host or host,
-        pid=ident.pid, gpu=ident.gpu, ts=ident.ts or header_ts,
+    return dataclasses.replace(
+        ident, host=ident.host or host, ts=ident.ts or header_ts,
         ts_has_date=ident.ts_has_date if ident.ts else header_ts is not None,
     )
 
