@@ -414,41 +414,27 @@ def build_loops(
 
         return check
 
-    incidents_alias = incidents_names(prefix).alias
-    loops = [
-        SinkLoop(
-            "es-sink incidents",
-            _consumer(settings, settings.topics.incidents, incidents_group(settings), batch),
+    def loop(name: str, topic: str, group: str, to_requests: Any, alias: str) -> SinkLoop:
+        return SinkLoop(
+            name,
+            _consumer(settings, topic, group, batch),
             es,
-            lambda value: incident_requests(value, incidents_alias),
+            lambda value: to_requests(value, alias),
             dead,
             stop,
             batch_size=batch,
             poll_timeout_s=poll_timeout_s,
             bootstrap=bootstrap,
             refresh=refresh,
-            housekeeping=rollover(incidents_alias),
+            housekeeping=rollover(alias),
             housekeeping_every_s=es_settings.rollover_check_s,
         )
-    ]
+
+    loops = [loop("es-sink incidents", settings.topics.incidents, incidents_group(settings), incident_requests,
+                  incidents_names(prefix).alias)]
     if es_settings.index_signals:
-        signals_alias = signals_names(prefix).alias
-        loops.append(
-            SinkLoop(
-                "es-sink signals",
-                _consumer(settings, settings.topics.signals, signals_group(settings), batch),
-                es,
-                lambda value: signal_requests(value, signals_alias),
-                dead,
-                stop,
-                batch_size=batch,
-                poll_timeout_s=poll_timeout_s,
-                bootstrap=bootstrap,
-                refresh=refresh,
-                housekeeping=rollover(signals_alias),
-                housekeeping_every_s=es_settings.rollover_check_s,
-            )
-        )
+        loops.append(loop("es-sink signals", settings.topics.signals, signals_group(settings), signal_requests,
+                          signals_names(prefix).alias))
     return loops
 
 
