@@ -55,9 +55,9 @@ def _cmd_rules_test(args: argparse.Namespace) -> int:
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     import orjson
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-    from correlator.diagnose import Diagnoser, DiagnoseStats, InputError, iter_sources
+    from correlator.diagnose import Diagnoser, DiagnoseStats, InputError, default_jobs, iter_sources
     from correlator.render_text import print_incidents
 
     err = Console(stderr=True)
@@ -67,7 +67,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 1
-    diagnoser = Diagnoser(ruleset)
+    diagnoser = Diagnoser(ruleset, jobs=args.jobs or default_jobs())
     stats = DiagnoseStats()
     try:
         total = sum(s.size or 0 for s in iter_sources(args.paths, DiagnoseStats()))
@@ -622,6 +622,16 @@ def _add_webhooks_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     webhooks.set_defaults(func=_cmd_webhooks)
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative: give 0 (automatic) or more")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rootrank",
@@ -643,6 +653,10 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose.add_argument(
         "--progress", choices=["auto", "always", "never"], default="auto",
         help="progress bar on stderr (auto: on a terminal, for inputs over 32 MiB)",
+    )
+    diagnose.add_argument(
+        "--jobs", "-j", type=_count, default=0, metavar="N",
+        help="processes scanning a large plain file's 16 MiB chunks at once (0: one per available CPU, at most 8)",
     )
     diagnose.set_defaults(func=_cmd_diagnose)
     simulate = sub.add_parser(

@@ -11,6 +11,9 @@ import dataclasses
 import functools
 import gzip
 import io
+import mmap
+import multiprocessing
+import multiprocessing.pool
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from correlator.engine import Engine, JobState
-from correlator.matcher import Hit, Matcher
+from correlator.matcher import Buffer, Hit, Matcher
 from correlator.models import Incident, Signal
 from correlator.rules import RuleSet, load_ruleset
 from correlator.signals import SignalExtractor, best_hits_per_line
@@ -54,6 +57,7 @@ class Source:
     name: str
     size: int | None
     open: Callable[[], BinaryIO]
+    path: Path | None = None  # a plain file on disk: mapped and scanned in place, in parallel
 
 
 def iter_sources(paths: Sequence[str], stats: DiagnoseStats) -> Iterator[Source]:
@@ -78,7 +82,7 @@ def iter_sources(paths: Sequence[str], stats: DiagnoseStats) -> Iterator[Source]
             if f.suffix == ".gz":
                 yield Source(str(f), size, lambda f=f: gzip.open(f, "rb"))  # type: ignore[misc]
             else:
-                yield Source(str(f), size, lambda f=f: open(f, "rb"))  # type: ignore[misc]
+                yield Source(str(f), size, lambda f=f: open(f, "rb"), f)  # type: ignore[misc]
 
 
 def _looks_binary(head: bytes) -> bool:
@@ -99,7 +103,10 @@ def _looks_json_lines(head: bytes) -> bool:
 class Diagnoser:
     """Reusable: compiles the matcher once, diagnoses any number of path sets."""
 
-    def __init__(self, ruleset: RuleSet | None = None, *, matcher: Matcher | None = None) -> None:
+    def __init__(self, ruleset: RuleSet | None = None, *, matcher: Matcher | None = None, jobs: int = 1) -> None:
+        """`jobs`: processes that scan a large plain file's chunks at once (forked from this one, so
+        only a caller that runs no other threads should ask for more than 1: the CLI does)."""
+        self.jobs = max(1, jobs)
         self.ruleset = ruleset or load_ruleset()
         self.matcher = matcher or Matcher(self.ruleset)
         self.extractor = SignalExtractor(self.ruleset, self.matcher)
@@ -148,6 +155,14 @@ class Diagnoser:
         path_hints = identity_from_path(source.name) if source.name != "<stdin>" else {}
         if _looks_json_lines(head):
             return self._signals_from_json_lines(source, stream, head, job_id, file_index, stats, progress)
+        if source.path is not None and len(head) == CHUNK_BYTES:
+            try:
+                mapped = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError, io.UnsupportedOperation):
+                mapped = None  # not mappable (a FIFO, /proc): read it in chunks like a stream
+            if mapped is not None:
+                with mapped:
+                    return self._signals_from_mapped(source, mapped, path_hints, job_id, file_index, stats, progress)
         out: list[Signal] = []
         carry = b""
         base = 0  # byte offset of `buf` in the file
@@ -159,31 +174,75 @@ class Diagnoser:
             if not nxt:
                 cut = len(buf)
             body, carry = buf[:cut], buf[cut:]
-            out.extend(self._scan_text(body, base, source.name, path_hints, job_id, file_index, stats))
+            signals, lines_hit = self._scan_region(body, 0, len(body), base, source.name, path_hints, job_id, file_index)
+            out.extend(signals)
+            stats.lines_hit += lines_hit
             base += len(body)
             stats.bytes += len(chunk)
             if progress:
                 progress(len(chunk))
             chunk = nxt
         if carry:
-            out.extend(self._scan_text(carry, base, source.name, path_hints, job_id, file_index, stats))
+            signals, lines_hit = self._scan_region(carry, 0, len(carry), base, source.name, path_hints, job_id, file_index)
+            out.extend(signals)
+            stats.lines_hit += lines_hit
         return out
 
-    def _scan_text(
+    def _signals_from_mapped(
         self,
-        body: bytes,
+        source: Source,
+        mapped: mmap.mmap,
+        path_hints: dict[str, str | int],
+        job_id: str,
+        file_index: int,
+        stats: DiagnoseStats,
+        progress: Callable[[int], None] | None,
+    ) -> list[Signal]:
+        """A plain file, mapped: its chunks are scanned in place (no copies), by `jobs` processes at
+        once. Every offset is a file offset, so a traceback's owner is found across chunk edges."""
+        regions = _regions(mapped, CHUNK_BYTES)
+        tasks = [(str(source.path), lo, hi, source.name, path_hints, job_id, file_index) for lo, hi in regions]
+        results: Iterator[tuple[list[Signal], int]]
+        pool = None
+        if self.jobs > 1 and len(regions) > 1:
+            pool = _fork_pool(self, min(self.jobs, len(regions)))
+        try:
+            if pool is not None:
+                results = pool.imap(_scan_region_task, tasks)
+            else:
+                results = (self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, file_index)
+                           for lo, hi in regions)
+            out: list[Signal] = []
+            for (lo, hi), (signals, lines_hit) in zip(regions, results):
+                out.extend(signals)
+                stats.lines_hit += lines_hit
+                stats.bytes += hi - lo
+                if progress:
+                    progress(hi - lo)
+            return out
+        finally:
+            if pool is not None:
+                pool.terminate()
+
+    def _scan_region(
+        self,
+        body: Buffer,
+        lo: int,
+        hi: int,
         base: int,
         name: str,
         path_hints: dict[str, str | int],
         job_id: str,
         file_index: int,
-        stats: DiagnoseStats,
-    ) -> list[Signal]:
-        hits = self.matcher.scan_buffer(body)
+    ) -> tuple[list[Signal], int]:
+        """Signals of the lines in `body[lo:hi]` and how many lines hit; `base` + a position in `body`
+        is the file offset."""
+        hits = self.matcher.scan_buffer(body, lo, hi)
         if not hits:
-            return []
+            return [], 0
         pairs = best_hits_per_line([(h.start, h) for h in hits], self.matcher.rules)
         out: list[Signal] = []
+        lines_hit = 0
         cache: dict[int, tuple[LogEvent, str]] = {}
         sampled: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]] = {}
         for start, hit in pairs:
@@ -191,23 +250,23 @@ class Diagnoser:
                 self._aggregate_sampled(body, hit, sampled)
                 continue
             if start not in cache:
-                stats.lines_hit += 1
+                lines_hit += 1
                 cache[start] = self._event_for_line(body, hit, base, name, path_hints, job_id)
             event, raw = cache[start]
             out.append(self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + start, raw=raw))
         # Routine lines (progress markers, metric values) become one signal per rule and process per
         # chunk: the latest progress, the largest value (the smallest rides along in `metric_min`).
         for _value, hit, low in _metric_extremes(sampled):
-            stats.lines_hit += 1
+            lines_hit += 1
             event, raw = self._event_for_line(body, hit, base, name, path_hints, job_id)
             signal = self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + hit.start, raw=raw)
             if "metric" in signal.fields:
                 signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
             out.append(signal)
-        return out
+        return out, lines_hit
 
     def _aggregate_sampled(
-        self, body: bytes, hit: Hit, acc: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]]
+        self, body: Buffer, hit: Hit, acc: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]]
     ) -> None:
         rule = self.matcher.rules[hit.rule_index]
         if rule.metric is None:
@@ -234,7 +293,7 @@ class Diagnoser:
         return _identify_line(raw)
 
     def _event_for_line(
-        self, body: bytes, hit: Hit, base: int, name: str, path_hints: dict[str, str | int], job_id: str
+        self, body: Buffer, hit: Hit, base: int, name: str, path_hints: dict[str, str | int], job_id: str
     ) -> tuple[LogEvent, str]:
         raw = body[hit.start : hit.end].decode("utf-8", "replace").rstrip("\r")
         if "\r" in raw or "|" in raw:
@@ -262,7 +321,7 @@ class Diagnoser:
         return event, raw
 
     @staticmethod
-    def _lines_before(body: bytes, start: int) -> Iterator[str]:
+    def _lines_before(body: Buffer, start: int) -> Iterator[str]:
         """The lines before offset `start`, closest first, at most CONTINUATION_LOOKBACK of them."""
         pos = start
         for _ in range(CONTINUATION_LOOKBACK):
@@ -272,7 +331,7 @@ class Diagnoser:
             yield body[prev_start : pos - 1].decode("utf-8", "replace")
             pos = prev_start
 
-    def _earlier_time(self, body: bytes, start: int) -> datetime | None:
+    def _earlier_time(self, body: Buffer, start: int) -> datetime | None:
         """An untimed line (a traceback's last line) happened at about the time of the closest timed line before it."""
         for prev in self._lines_before(body, start):
             ts = self._identify(prev).ts
@@ -280,7 +339,7 @@ class Diagnoser:
                 return ts
         return None
 
-    def _continued_identity(self, body: bytes, start: int, ident: Identity) -> Identity:
+    def _continued_identity(self, body: Buffer, start: int, ident: Identity) -> Identity:
         """A traceback's last line has no prefix: take the identity of the record it continues.
 
         Only a line that continues something (indented, a frame, or the exception after frames)
@@ -382,6 +441,15 @@ class _Prepend(io.RawIOBase):
         return len(data)
 
 
+def default_jobs() -> int:
+    """Scan processes for the CLI: one per CPU this process may run on, at most 8."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 8))
+
+
 def default_job_id(paths: Sequence[str]) -> str:
     for raw in paths:
         if raw == "-":
@@ -454,3 +522,37 @@ def _metric_extremes(
         entries.sort(key=lambda e: e[0])
         out.extend(entries[:keep] + entries[-keep:])
     return out
+
+
+def _regions(buf: Buffer, size: int) -> list[tuple[int, int]]:
+    """`buf` cut into pieces of about `size` bytes that end after a newline (or at the end)."""
+    out: list[tuple[int, int]] = []
+    lo, total = 0, len(buf)
+    while lo < total:
+        cut = buf.find(b"\n", min(lo + size, total) - 1)
+        hi = total if cut < 0 else cut + 1
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+# The diagnoser a forked scan process inherits, and the files it has mapped.
+_FORKED: Diagnoser | None = None
+_FORKED_MAPS: dict[str, mmap.mmap] = {}
+
+
+def _fork_pool(diagnoser: Diagnoser, processes: int) -> multiprocessing.pool.Pool:
+    """Processes forked from this one: they inherit the compiled rule set instead of loading it again."""
+    global _FORKED
+    _FORKED = diagnoser
+    return multiprocessing.get_context("fork").Pool(processes)
+
+
+def _scan_region_task(task: tuple[str, int, int, str, dict[str, str | int], str, int]) -> tuple[list[Signal], int]:
+    path, lo, hi, name, path_hints, job_id, file_index = task
+    assert _FORKED is not None
+    mapped = _FORKED_MAPS.get(path)
+    if mapped is None:
+        with open(path, "rb") as fh:
+            mapped = _FORKED_MAPS[path] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    return _FORKED._scan_region(mapped, lo, hi, 0, name, path_hints, job_id, file_index)

@@ -8,8 +8,10 @@ and `extract` regexes run in Python only on the few lines that hit.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import re
+import threading
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ import hyperscan
 from correlator.rules import Rule, RuleSet
 
 ExprRole = Literal["main", "after", "end"]
+# What the matcher scans: bytes, or an mmap of a whole file (diagnose scans regions of it in place).
+Buffer = bytes | mmap.mmap
 
 _BASE_FLAGS = hyperscan.HS_FLAG_MULTILINE
 FREQUENT_CAP = 1024
@@ -100,7 +104,7 @@ class Matcher:
         )
         # Buffers below SAMPLE_EXACT_BELOW (a streaming batch, a small log) are scanned exactly.
         self.routine_db = self._load_or_compile(sampled, use_cache) if sampled else None
-        self._hits: list[tuple[int, int]] = []
+        self._local = threading.local()
 
     @staticmethod
     def _compile_extractors(rule: Rule) -> list[re.Pattern[str]]:
@@ -141,54 +145,86 @@ class Matcher:
                 pass  # a read-only home only costs the compile time
         return db
 
-    def _on_match(self, expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
-        self._hits.append((to, expr_id))
+    def scan_raw(self, buf: Buffer, lo: int = 0, hi: int | None = None) -> list[tuple[int, int]]:
+        """(end offset in `buf`, expression id) for every match in `buf[lo:hi]` (metric patterns: sampled
+        per block). Safe to call from several threads at once: each scan uses its own scratch space."""
+        hi = len(buf) if hi is None else hi
+        hits: list[tuple[int, int]] = []
+        if hi <= lo:
+            return hits
+        scratch = self._scratch()
+        view = memoryview(buf)[lo:hi]  # no copy: hyperscan reads the caller's buffer (bytes or mmap)
 
-    def scan_raw(self, buf: bytes) -> list[tuple[int, int]]:
-        """(end offset, expression id) for every match in `buf` (metric patterns: sampled per block)."""
-        self._hits = []
-        if buf:
-            self.db.scan(buf, match_event_handler=self._on_match)
-            if self.routine_db is not None and len(buf) < SAMPLE_EXACT_BELOW:
-                self.routine_db.scan(buf, match_event_handler=self._on_match)
-            elif self.sampled_db is not None:
-                self._scan_sampled(buf)
-        hits, self._hits = self._hits, []
+        def on_match(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+            hits.append((lo + to, expr_id))
+
+        self.db.scan(view, match_event_handler=on_match, scratch=scratch[0])  # type: ignore[type-var]
+        if self.routine_db is not None and hi - lo < SAMPLE_EXACT_BELOW:
+            self.routine_db.scan(view, match_event_handler=on_match, scratch=scratch[1])  # type: ignore[type-var]
+        elif self.sampled_db is not None:
+            self._scan_sampled(buf, lo, hi, view, hits, scratch[2])
+        view.release()
         return hits
 
-    def _scan_sampled(self, buf: bytes) -> None:
+    def _scratch(self) -> tuple[hyperscan.Scratch, hyperscan.Scratch | None, hyperscan.Scratch | None]:
+        """Scratch space for the three databases, one set per thread (hyperscan releases the GIL while
+        it scans, so diagnose scans the next chunk on another thread)."""
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = (
+                hyperscan.Scratch(self.db),
+                hyperscan.Scratch(self.routine_db) if self.routine_db is not None else None,
+                hyperscan.Scratch(self.sampled_db) if self.sampled_db is not None else None,
+            )
+            self._local.scratch = scratch
+        return scratch
+
+    def _scan_sampled(
+        self, buf: Buffer, lo: int, hi: int, view: memoryview, hits: list[tuple[int, int]],
+        scratch: hyperscan.Scratch | None,
+    ) -> None:
         assert self.sampled_db is not None
-        view = memoryview(buf)
+        size = hi - lo
         # Blocks of about 1/SAMPLE_BLOCKS of the buffer; every SAMPLE_EVERY-th block is scanned, and
         # the last one always (the latest progress of each rank is what absence rules ask about).
-        block = max(SAMPLE_MIN_BLOCK, len(buf) // SAMPLE_BLOCKS)
-        tail_start = max(0, buf.rfind(b"\n", 0, max(0, len(buf) - block)) + 1)
-        start = 0
+        block = max(SAMPLE_MIN_BLOCK, size // SAMPLE_BLOCKS)
+        tail_start = max(lo, buf.rfind(b"\n", lo, max(lo, hi - block)) + 1)
+        start = lo
         index = 0
-        while start < len(buf):
-            end = buf.find(b"\n", min(start + block, len(buf)))
-            end = len(buf) if end < 0 else end
+        while start < hi:
+            end = buf.find(b"\n", min(start + block, hi), hi)
+            end = hi if end < 0 else end
             if index % SAMPLE_EVERY == 0 or end >= tail_start:
-                base = start
-                hits: list[tuple[int, int]] = []
-                self.sampled_db.scan(
-                    bytes(view[start:end]), match_event_handler=lambda i, _f, to, _fl, _c: hits.append((base + to, i))
+                def on_match(
+                    expr_id: int, _from: int, to: int, _flags: int, _ctx: object, base: int = start
+                ) -> None:
+                    hits.append((base + to, expr_id))
+
+                self.sampled_db.scan(  # type: ignore[type-var]
+                    view[start - lo : end - lo], match_event_handler=on_match, scratch=scratch
                 )
-                self._hits.extend(hits)
             start = end + 1
             index += 1
 
-    def scan_buffer(self, buf: bytes, *, frequent_cap: int = FREQUENT_CAP) -> list[Hit]:
-        """Matches in a newline-separated buffer, one Hit per (line, rule, role), in buffer order.
+    def scan_buffer(
+        self, buf: Buffer, lo: int = 0, hi: int | None = None, *, frequent_cap: int = FREQUENT_CAP,
+        raw: list[tuple[int, int]] | None = None,
+    ) -> list[Hit]:
+        """Matches in the newline-separated `buf[lo:hi]`, one Hit per (line, rule, role), in buffer
+        order; offsets are positions in `buf`. `raw` is the result of `scan_raw` over the same range,
+        when the caller already scanned it (on another thread).
 
         Progress markers ("end" of absence rules) can hit every training-step line. Per buffer only
         the latest `frequent_cap` are kept: absence rules ask "did this rank progress after the start".
         """
-        raw = self.scan_raw(buf)
+        hi = len(buf) if hi is None else hi
+        if raw is None:
+            raw = self.scan_raw(buf, lo, hi)
         frequent: dict[int, list[tuple[int, int]]] = {}
         plain: list[tuple[int, int]] = []
+        is_frequent = self._frequent
         for item in raw:
-            if self._frequent[item[1]]:
+            if is_frequent[item[1]]:
                 frequent.setdefault(item[1], []).append(item)
             else:
                 plain.append(item)
@@ -200,16 +236,18 @@ class Matcher:
             plain.extend(items)
         seen: set[tuple[int, int, str]] = set()
         out: list[Hit] = []
+        exprs = self.exprs
         for to, expr_id in plain:
-            expr = self.exprs[expr_id]
-            probe = to - 1 if to > 0 and buf[to - 1 : to] == b"\n" else to
-            start = buf.rfind(b"\n", 0, max(probe, 0)) + 1
+            expr = exprs[expr_id]
+            probe = to - 1 if to > lo and buf[to - 1] == 10 else to  # a match that ends on the newline
+            start = buf.rfind(b"\n", lo, max(probe, lo)) + 1 if probe > lo else lo
+            start = max(start, lo)
             key = (start, expr.rule_index, expr.role)
             if key in seen:
                 continue
             seen.add(key)
-            end = buf.find(b"\n", probe)
-            out.append(Hit(start, len(buf) if end < 0 else end, expr.rule_index, expr.role))
+            end = buf.find(b"\n", probe, hi)
+            out.append(Hit(start, hi if end < 0 else end, expr.rule_index, expr.role))
         out.sort(key=lambda h: (h.start, h.rule_index))
         return out
 
