@@ -4,9 +4,9 @@
   `ca_certs` file makes a TLS handshake with a self-signed server succeed and its absence makes it
   fail (a real TLS server on 127.0.0.1, certificate made with openssl for the test).
 - Kafka: SASL/SSL settings reach kafka-python's config (admin, ES sink, shipper) and faust's
-  credentials (the worker), with the CA file loaded into the SSL context.
-  The brokers the tests run (Tansu, noida-db) do not offer SASL or TLS here, so the Kafka side is
-  checked up to the client objects.
+  credentials (the worker), with the CA file loaded into the SSL context. TLS itself is exercised
+  end to end in tests/integration/test_kafka_tls.py (a broker behind a TLS proxy); SASL is checked
+  up to the client objects, as no test broker here offers it.
 - Secrets: the webhook API token is a SecretStr (never printed with the settings).
 """
 
@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import shutil
 import ssl
-import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +27,7 @@ from correlator.config import ElasticsearchSettings, KafkaSettings, Settings
 from correlator.setup_topics import kafka_python_config
 from correlator.sinks.elasticsearch import make_client
 from tests.fixtures.http_receiver import HttpReceiver
+from tests.fixtures.tls import self_signed_cert
 
 
 def _es_request(settings: ElasticsearchSettings) -> None:
@@ -51,12 +50,7 @@ def test_elasticsearch_credentials_go_on_the_wire(http_receiver: HttpReceiver) -
 @pytest.fixture
 def tls_server(tmp_path: Path) -> Iterator[tuple[str, Path, list[str]]]:
     """(https URL, CA file, paths requested) of a TLS server with a self-signed certificate."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl not installed")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True, timeout=60)
+    cert, key = self_signed_cert(tmp_path)
     seen: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
