@@ -422,6 +422,9 @@ def _cmd_ship(args: argparse.Namespace) -> int:
             print(f"rootrank ship: --label wants KEY=VALUE, got {item!r}", file=sys.stderr)
             return 2
         labels[key] = value
+    if args.progress_interval <= 0:
+        print("rootrank ship: --progress-interval wants a positive number of seconds", file=sys.stderr)
+        return 2
     options = ShipOptions(
         kafka=kafka_python_config(settings.kafka),
         topic=args.topic or settings.topics.logs,
@@ -440,6 +443,8 @@ def _cmd_ship(args: argparse.Namespace) -> int:
         tee=args.tee,
         idempotence=not args.no_idempotence,
         send_timeout_s=args.send_timeout,
+        progress=args.progress,
+        progress_interval_s=args.progress_interval,
     )
     _add_fleet_ship_options(options, args, settings)
     return run_ship(options, files=args.file or [], command=command)
@@ -531,6 +536,15 @@ def _add_streaming_parsers(sub: argparse._SubParsersAction) -> None:  # type: ig
     ship.add_argument("--metrics-port", type=int, default=None,
                       help="serve Prometheus /metrics and /healthz on this port (default: off)")
     ship.add_argument("--metrics-bind", default="127.0.0.1", help="address for --metrics-port (0.0.0.0 in a pod)")
+    ship.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
+                      help="with --file: progress through the files' backlog (their bytes from where shipping "
+                      "starts, resuming after a restart, to their sizes at start) on stderr: bytes acknowledged by "
+                      "Kafka, rate, ETA, lines sent and spooled; ends with a 'caught up' line (--follow then goes "
+                      "on live). auto: a bar on a terminal, for backlogs over 32 MiB; always: a bar on a terminal, "
+                      "else a plain status line every --progress-interval seconds. Never when wrapping a command "
+                      "or reading stdin")
+    ship.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS",
+                      help="seconds between the plain status lines of --progress always (stderr not a terminal)")
     ship.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...: wrap this command")
     ship.set_defaults(func=_cmd_ship)
 

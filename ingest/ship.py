@@ -80,6 +80,9 @@ class ShipOptions:
     line_filter: Any = None
     # Called once in the shipping process with (ShipStats, line_filter): e.g. starts a /metrics server.
     on_start: Callable[[Any, Any], None] | None = None
+    # Backlog progress on stderr when shipping files (ingest.ship_progress): auto | always | never.
+    progress: str = "never"
+    progress_interval_s: float = 5.0  # between plain status lines (stderr not a terminal)
 
 
 @dataclass
@@ -92,6 +95,11 @@ class ShipStats:
     dropped_messages: int = 0
     dropped_lines: int = 0
     pending_messages: int = 0  # still in the spool at exit (sent by the next run)
+    spooled_lines: int = 0
+    # Files' backlog (their bytes from the starting positions to their sizes when shipping started):
+    # bytes acknowledged by Kafka, and bytes in messages dropped because the spool was full.
+    backlog_acked_bytes: int = 0
+    backlog_dropped_bytes: int = 0
 
 
 # --- sources and chunks -------------------------------------------------------------------------
@@ -199,6 +207,7 @@ class Message:
     timestamp_ms: int
     lines: int
     on_durable: Callable[[int], None] | None = None
+    backlog_bytes: int = 0  # of the files' backlog, the bytes this message completes (progress display)
 
 
 _SPOOL_HEADER = struct.Struct(">qIH")
@@ -243,6 +252,11 @@ class Sender:
         self._lock = threading.Lock()
         self._healthy = False  # the producer exists and its last delivery worked
         self._in_flight = 0
+        # Backlog bytes of the messages this run spooled, in spool order (the drain credits them when
+        # acknowledged); the records already spooled by an earlier run carry none.
+        self._spool_lock = threading.Lock()
+        self._spooled_backlog: collections.deque[int] = collections.deque()
+        self._foreign_spooled = len(spool)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._drainer = threading.Thread(target=self._drain_loop, name="ship-drain", daemon=True)
@@ -297,6 +311,7 @@ class Sender:
             self._in_flight -= 1
             self.stats.acked_messages += 1
             self.stats.acked_lines += message.lines
+            self.stats.backlog_acked_bytes += message.backlog_bytes
         if message.on_durable:
             message.on_durable(message.seq)
 
@@ -311,12 +326,25 @@ class Sender:
         self._healthy = False
         self._wake.set()
 
+    def credit_backlog(self, nbytes: int) -> None:
+        """Backlog bytes that no message carries (evidence-only: lines that were not selected)."""
+        with self._lock:
+            self.stats.backlog_acked_bytes += nbytes
+
     def _to_spool(self, message: Message) -> None:
-        if self.spool.append(_pack_message(message)):
-            self.stats.spooled_messages += 1
-        else:
-            self.stats.dropped_messages += 1
-            self.stats.dropped_lines += message.lines
+        # One lock: the batcher and the producer's callbacks both spool, and the backlog bytes
+        # beside the spool must stay in the spool's order.
+        with self._spool_lock:
+            spooled = self.spool.append(_pack_message(message))
+            if spooled:
+                self._spooled_backlog.append(message.backlog_bytes)
+                self.stats.spooled_messages += 1
+                self.stats.spooled_lines += message.lines
+            else:
+                self.stats.dropped_messages += 1
+                self.stats.dropped_lines += message.lines
+                self.stats.backlog_dropped_bytes += message.backlog_bytes
+        if not spooled:
             log.warning("spool full (%d bytes): dropped a message of %d lines", self.spool.max_bytes, message.lines)
         # Durable either way: spooled, or knowingly dropped (a full spool must not stall the input).
         if message.on_durable:
@@ -344,10 +372,17 @@ class Sender:
                 ]
                 for message, future in zip(window, futures):
                     future.get(timeout=self.options.send_timeout_s + 5)
-                    self.spool.pop()
+                    with self._spool_lock:
+                        self.spool.pop()
+                        if self._foreign_spooled:
+                            self._foreign_spooled -= 1
+                            backlog_bytes = 0
+                        else:
+                            backlog_bytes = self._spooled_backlog.popleft() if self._spooled_backlog else 0
                     with self._lock:
                         self.stats.acked_messages += 1
                         self.stats.acked_lines += message.lines
+                        self.stats.backlog_acked_bytes += backlog_bytes
                 self._healthy = True
                 backoff = 0.2
                 if last_problem:
@@ -434,7 +469,50 @@ class Positions:
         os.replace(tmp, self.path)
 
 
+def resume_position(saved: dict[str, int] | None, inode: int, size: int) -> int | None:
+    """Where a followed file resumes: its saved position, if saved for this inode and not past its end."""
+    if saved and saved.get("inode") == inode and saved.get("pos", 0) <= size:
+        return int(saved.get("pos", 0))
+    return None
+
+
+@dataclass
+class BacklogFile:
+    """One file's backlog when shipping started: from where it starts (resumes) to its size then."""
+
+    inode: int | None
+    start: int = 0
+    size: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return max(0, self.size - self.start)
+
+
+def measure_backlog(sources: dict[int, Source], positions: Positions) -> dict[int, BacklogFile]:
+    """The backlog of every file source, from the positions a restart resumes at (as file_reader does)."""
+    out: dict[int, BacklogFile] = {}
+    for source in sources.values():
+        if source.file is None:
+            continue
+        try:
+            st = os.stat(source.file)
+        except OSError:
+            out[source.id] = BacklogFile(None)
+            continue
+        start = resume_position(positions.get(source.name), st.st_ino, st.st_size) or 0
+        out[source.id] = BacklogFile(st.st_ino, start, st.st_size)
+    return out
+
+
 # --- the batcher --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _BacklogTrack:
+    inode: int | None
+    pos: int
+    remaining: int
 
 
 @dataclass
@@ -450,8 +528,11 @@ class Batcher:
     """Chunks -> lines -> messages, one open batch per source; flushes on size and on linger time."""
 
     def __init__(self, options: ShipOptions, sources: dict[int, Source], queue: ChunkQueue, sender: Sender,
-                 positions: Positions | None, stats: ShipStats) -> None:
+                 positions: Positions | None, stats: ShipStats, backlog: dict[int, BacklogFile] | None = None) -> None:
         self.options = options
+        # Per file with a backlog: its inode and the position credited so far, and the rest of its backlog.
+        self._backlog = {sid: _BacklogTrack(b.inode, b.start, b.bytes) for sid, b in (backlog or {}).items()
+                         if b.bytes > 0}
         self.sources = sources
         self.queue = queue
         self.sender = sender
@@ -525,6 +606,10 @@ class Batcher:
             source.next_line = first + len(texts)
             if source.id in self._batches:
                 self._batches[source.id].position = self._position(source)
+            elif self._backlog:  # no message carries these lines: their backlog bytes are done
+                position = self._position(source)
+                if position is not None:
+                    self.sender.credit_backlog(self._backlog_credit(source.id, position))
             return
         max_bytes = self.options.batch_max_bytes
         # Running size of the lines (characters + JSON overhead): where each batch must end.
@@ -585,6 +670,20 @@ class Batcher:
             if now - batch.started >= self.options.linger_s:
                 self._flush(source_id)
 
+    def _backlog_credit(self, source_id: int, position: dict[str, int]) -> int:
+        """Backlog bytes between the last credited position of this file and `position`: what a
+        message ending there completes. Counted in file order, up to the file's backlog."""
+        track = self._backlog.get(source_id)
+        if track is None or track.remaining <= 0:
+            return 0
+        inode, pos = position["inode"], position["pos"]
+        # A new generation (rotated) or a truncated file: its bytes count from its start.
+        delta = pos - track.pos if inode == track.inode and pos >= track.pos else pos
+        track.inode, track.pos = inode, pos
+        credit = min(delta, track.remaining)
+        track.remaining -= credit
+        return credit
+
     def _flush(self, source_id: int) -> None:
         batch = self._batches.pop(source_id, None)
         if batch is None or not batch.lines:
@@ -604,6 +703,7 @@ class Batcher:
             )
         key = f"{o.job_id or ''}|{self._host}|{source.name}".encode()
         now_ms = int(time.time() * 1000)
+        backlog_bytes = self._backlog_credit(source_id, batch.position) if batch.position and self._backlog else 0
         for index, value in enumerate(values):
             self._seq += 1
             seq = self._seq
@@ -614,7 +714,8 @@ class Batcher:
                 positions = self.positions
                 on_durable = lambda s, name=name, positions=positions: positions.durable(name, s)
             lines = len(batch.lines) if len(values) == 1 else (len(batch.lines) if index == 0 else 0)
-            self.sender.submit(Message(seq, key, value, now_ms, lines, on_durable))
+            self.sender.submit(Message(seq, key, value, now_ms, lines, on_durable,
+                                       backlog_bytes if index == len(values) - 1 else 0))
 
 
 # --- readers -----------------------------------------------------------------------------------------
@@ -671,8 +772,9 @@ def file_reader(path: Path, source: Source, queue: ChunkQueue, positions: Positi
             stop.wait(options.poll_s)
     st = os.fstat(f.fileno())
     pos = 0
-    if saved and saved.get("inode") == st.st_ino and saved.get("pos", 0) <= st.st_size:
-        pos = int(saved["pos"])
+    resume = resume_position(saved, st.st_ino, st.st_size)
+    if saved and resume is not None:
+        pos = resume
         source.next_line = int(saved.get("line", 0))
         f.seek(pos)
     inode = st.st_ino
@@ -818,7 +920,25 @@ class _FrameQueue:
             return None
 
 
-def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[int, Source]) -> int:
+def _start_progress(options: ShipOptions, stats: ShipStats, backlog: dict[int, BacklogFile] | None) -> Any:
+    """The backlog display (ingest.ship_progress), started, or None: it lives here, where the acks are."""
+    from ingest.ship_progress import BacklogProgress, progress_mode
+
+    total = sum(b.bytes for b in backlog.values()) if backlog is not None else None
+    try:
+        is_terminal = sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        is_terminal = False
+    mode = progress_mode(options.progress, is_terminal, total)
+    if mode is None or total is None:
+        return None
+    progress = BacklogProgress(stats, total, mode, interval_s=options.progress_interval_s, follow=options.follow)
+    progress.start()
+    return progress
+
+
+def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[int, Source],
+                      backlog: dict[int, BacklogFile] | None = None) -> int:
     """The forked process that batches and sends, at low CPU priority: the wrapped command (and the
     parent that passes its output through) always come first."""
     with contextlib.suppress(OSError):
@@ -834,9 +954,10 @@ def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[
     positions = Positions(state / "positions.json")
     sender = Sender(options, spool, stats)
     frames = _FrameQueue(fd, sources)
-    batcher = Batcher(options, sources, frames, sender, positions, stats)  # type: ignore[arg-type]
+    batcher = Batcher(options, sources, frames, sender, positions, stats, backlog)  # type: ignore[arg-type]
     if options.on_start is not None:
         options.on_start(stats, options.line_filter)
+    progress = _start_progress(options, stats, backlog)
     saver_stop = threading.Event()
 
     def save_positions() -> None:
@@ -850,6 +971,8 @@ def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[
         sender.close(options.drain_timeout_s)
         saver_stop.set()
         positions.save()
+        if progress is not None:
+            progress.stop()
     print(
         f"rootrank ship: {stats.lines} lines in {stats.messages} messages; "
         f"{stats.acked_messages} acknowledged, {stats.spooled_messages} went through the spool, "
@@ -879,6 +1002,10 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
     else:
         add_source(name="stdin")
 
+    positions = Positions(state / "positions.json")  # read-only here: where followed files resume
+    # Files: their backlog, measured before any is read (the shipping process shows its progress).
+    backlog = measure_backlog(sources, positions) if files else None
+
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
@@ -887,7 +1014,7 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
         code = 1
         try:
             os.close(write_end)
-            code = _shipping_process(read_end, options, state, sources)
+            code = _shipping_process(read_end, options, state, sources, backlog)
         except BaseException:
             log.exception("shipping process failed")
         finally:
@@ -896,7 +1023,6 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
     os.close(read_end)
 
     queue = ChunkQueue(options.queue_max_bytes, state / "overflow", options.spool_max_bytes)
-    positions = Positions(state / "positions.json")  # read-only here: where followed files resume
     stop = threading.Event()
     threads: list[threading.Thread] = []
     child: subprocess.Popen[bytes] | None = None
