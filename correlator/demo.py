@@ -22,8 +22,8 @@ from pathlib import Path
 from rich.console import Console
 
 from correlator.config import Settings
-from correlator.embedded import UpContext, UpError, start_kafka
-from correlator.local_services import WebhookReceiver, free_port, start_elasticsearch
+from correlator.embedded import UpContext, UpError, free_port, start_kafka
+from correlator.local_services import WebhookReceiver, start_elasticsearch
 
 console = Console(stderr=True)
 

@@ -20,6 +20,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,16 +88,39 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @dataclass
 class ManagedProcess:
-    """A server process we started, in its own session, with its output in a log file."""
+    """A server process we started, in its own session (stopping it never reaches our process group),
+    with its output in a log file. Used by `rootrank up` and by the tests' broker and search store."""
 
     name: str
     argv: list[str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, wait_port: tuple[str, int], timeout: float = 30.0) -> None:
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, ready: tuple[str, int] | Callable[[], bool], timeout: float = 30.0) -> None:
+        """Start and wait until `ready` (a (host, port) that accepts connections, or a check) holds."""
+        if self.running:
+            return
+        is_ready = ready if callable(ready) else (lambda: port_open(*ready))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -103,23 +128,33 @@ class ManagedProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise UpError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
-            if port_open(*wait_port):
+                raise UpError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}: {self.log_tail(500)}")
+            if is_ready():
                 return
             time.sleep(0.05)
         self.stop()
-        raise UpError(f"{self.name} did not listen on {wait_port[0]}:{wait_port[1]} within {timeout:.0f}s; see {self.log_path}")
+        raise UpError(f"{self.name} did not answer within {timeout:.0f}s; see {self.log_path}: {self.log_tail(500)}")
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, *, kill: bool = False, timeout: float = 10.0, gone: Callable[[], bool] | None = None) -> None:
+        """SIGTERM (or SIGKILL), then SIGKILL if it lingers; `gone` waits until e.g. its port is free."""
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while gone is not None and not gone() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
 
 
 def start_kafka(ctx: UpContext, *, broker: str, port: int, host: str = "127.0.0.1") -> Part:

@@ -11,31 +11,12 @@ import base64
 import hashlib
 import hmac
 import json
-import socket
-import subprocess
 import threading
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from correlator.embedded import Part, UpContext, UpError, noida_binary
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=0.5) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+from correlator.embedded import ManagedProcess, Part, UpContext, UpError, free_port, http_ok, noida_binary
 
 
 def start_elasticsearch(ctx: UpContext, port: int | None = None) -> Part:
@@ -47,30 +28,16 @@ def start_elasticsearch(ctx: UpContext, port: int | None = None) -> Part:
     port = port or free_port()
     data = ctx.data_dir / "elasticsearch"
     data.mkdir(parents=True, exist_ok=True)
-    log = (ctx.data_dir / "elasticsearch.log").open("ab")
-    proc = subprocess.Popen(
+    url = f"http://127.0.0.1:{port}"
+    process = ManagedProcess(
+        "the search store (noida-db)",
         [binary, "start", "--only", "elasticsearch", "--elasticsearch-port", str(port), "--host", "127.0.0.1",
          "--data-dir", str(data)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        ctx.data_dir / "elasticsearch.log",
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while not _http_ok(url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise UpError(f"the search store did not start on {url}; see {ctx.data_dir / 'elasticsearch.log'}")
-        time.sleep(0.2)
+    process.start(lambda: http_ok(url))
     ctx.settings.elasticsearch.url = url
-
-    def stop() -> None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-    return Part("search store", url, "noida-db Elasticsearch API", stop)
+    return Part("search store", url, "noida-db Elasticsearch API", process.stop)
 
 
 @dataclass
