@@ -7,7 +7,8 @@
 Design, from the wrapped process's point of view: it must never wait for us. Its stdout/stderr
 are read by one thread per pipe in large chunks, written straight through to our stdout/stderr,
 and handed to a bounded in-memory queue that spills to a disk file when the batcher falls behind;
-nothing on that path waits for the network. A batcher thread splits chunks into lines and packs
+nothing on that path waits for the network (past that file's bound, output is dropped, and said
+so loudly). A batcher thread splits chunks into lines and packs
 them into messages (ship_format: identity once per message, each line `[ts, stream, text]`,
 bounded by size and by a linger time). Messages go to Kafka with acks=all and compression; while
 Kafka is down or slow they go to a bounded disk spool that a drain thread sends, in order, when
@@ -15,6 +16,14 @@ the broker is back, also after a restart of the shipper. Positions of followed f
 only once the lines before them are acknowledged by Kafka or safe in the spool, so a restart
 resumes without losing a line (and re-sends at most a few, which the worker recognises by the
 batch's stable line offsets).
+
+Files are different: they are already on disk, so nothing of theirs is ever dropped. Backpressure
+instead, end to end: when the spool is full and Kafka is not taking messages, the batcher waits
+to submit a file's message; it stops taking chunks, the frame reader stops reading the pipe, the
+parent's forwarder blocks writing it, the in-memory queue fills, and the file readers wait for
+room (never spilling to disk). On SIGINT/SIGTERM the parent tells the shipping process through a
+control pipe; a message still waiting then is left out ("deferred"): its file's saved position
+stays before it, so the next run reads it again.
 """
 
 from __future__ import annotations
@@ -97,9 +106,15 @@ class ShipStats:
     pending_messages: int = 0  # still in the spool at exit (sent by the next run)
     spooled_lines: int = 0
     # Files' backlog (their bytes from the starting positions to their sizes when shipping started):
-    # bytes acknowledged by Kafka, and bytes in messages dropped because the spool was full.
+    # bytes acknowledged by Kafka, and bytes in messages dropped because the spool was full (none
+    # since files' messages wait for room instead; kept for the display's arithmetic).
     backlog_acked_bytes: int = 0
     backlog_dropped_bytes: int = 0
+    # Files' messages that waited for room in the spool (backpressure), and those still waiting when
+    # the shipper stopped: not shipped by this run, their saved positions before them (the next run does).
+    waited_messages: int = 0
+    deferred_messages: int = 0
+    deferred_lines: int = 0
 
 
 # --- sources and chunks -------------------------------------------------------------------------
@@ -151,45 +166,99 @@ def _unpack_chunk(raw: bytes) -> Chunk:
 
 
 class ChunkQueue:
-    """FIFO between the readers and the batcher. `put` never blocks: past `max_bytes` in memory,
-    chunks go to a disk file (and keep going there until the batcher caught up, to stay in order)."""
+    """FIFO between the readers and the batcher (in the parent: the forwarder to the shipping process).
+
+    Two ways in. `put`, for pipes (a wrapped command's output, stdin), never blocks: past
+    `max_bytes` in memory, chunks go to a disk file (and keep going there until the batcher caught
+    up, to stay in order); past that file's bound (--spool-max-mib) they are dropped, counted, and
+    said on stderr at once. `put_file`, for files, waits for room in memory instead: a file keeps
+    its lines on disk anyway, so reading it simply pauses while the shipper is behind."""
 
     def __init__(self, max_bytes: int, overflow_dir: Path, overflow_max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._items: collections.deque[Chunk] = collections.deque()
         self._bytes = 0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._not_empty = threading.Condition(self._lock)
+        self._not_full = threading.Condition(self._lock)
         self._overflow_dir = overflow_dir
         self._overflow_max = overflow_max_bytes
         self._overflow: Spool | None = None
         self.dropped_bytes = 0
+        self.dropped_chunks = 0
+        self.dropped_lines = 0  # newlines in the dropped bytes: about the lines lost
+        self.waits = 0  # times a file reader waited for room
+        self._consumer_gone = False  # the forwarder failed (the shipping process is gone): nobody makes room
+
+    def _overflowing(self) -> bool:
+        return self._overflow is not None and len(self._overflow) > 0
 
     def put(self, chunk: Chunk) -> None:
-        with self._cond:
-            overflowing = self._overflow is not None and len(self._overflow) > 0
-            if not overflowing and self._bytes + len(chunk.data) <= self.max_bytes:
+        with self._lock:
+            if not self._overflowing() and self._bytes + len(chunk.data) <= self.max_bytes:
                 self._items.append(chunk)
                 self._bytes += len(chunk.data)
             else:
                 if self._overflow is None:
                     self._overflow = Spool(self._overflow_dir, self._overflow_max)
                 if not self._overflow.append(_pack_chunk(chunk)):
-                    self.dropped_bytes += len(chunk.data)
-            self._cond.notify()
+                    self._drop(chunk)
+            self._not_empty.notify()
+
+    def _drop(self, chunk: Chunk) -> None:
+        first = not self.dropped_chunks
+        self.dropped_bytes += len(chunk.data)
+        self.dropped_chunks += 1
+        self.dropped_lines += chunk.data.count(b"\n")
+        if first:
+            with contextlib.suppress(OSError, ValueError):
+                print(f"rootrank ship: WARNING: shipping fell behind and the overflow file in {self._overflow_dir} "
+                      f"is full (--spool-max-mib {self._overflow_max / 2**20:g}): output is being DROPPED, not "
+                      "shipped, until it catches up; raise --spool-max-mib (disk permitting) or make Kafka faster",
+                      file=sys.stderr, flush=True)
+
+    def put_file(self, chunk: Chunk, stop: threading.Event | None, poll_s: float = 0.2) -> bool:
+        """Queue a file's chunk in memory, waiting (in steps of `poll_s`) while the queue is full.
+        False, the chunk not queued, once `stop` is set while waiting. `stop` None: no wait, over the
+        bound if need be (one chunk, when a reader ends)."""
+        with self._lock:
+            waited = False
+            while stop is not None and (self._overflowing()
+                                        or self._bytes and self._bytes + len(chunk.data) > self.max_bytes):
+                if stop.is_set() or self._consumer_gone:
+                    return False
+                if not waited:
+                    self.waits += 1
+                    waited = True
+                self._not_full.wait(poll_s)
+            self._items.append(chunk)
+            self._bytes += len(chunk.data)
+            self._not_empty.notify()
+            return True
 
     def get(self, timeout: float) -> Chunk | None:
-        with self._cond:
-            if not self._items and not (self._overflow is not None and len(self._overflow)):
-                self._cond.wait(timeout)
+        with self._lock:
+            if not self._items and not self._overflowing():
+                self._not_empty.wait(timeout)
             if self._items:
                 chunk = self._items.popleft()
                 self._bytes -= len(chunk.data)
+                self._not_full.notify_all()
                 return chunk
-            if self._overflow is not None and len(self._overflow):
+            if self._overflowing():
+                assert self._overflow is not None
                 raw = self._overflow.peek()
                 self._overflow.pop()
+                if not len(self._overflow):
+                    self._not_full.notify_all()
                 return _unpack_chunk(raw) if raw is not None else None
             return None
+
+    def consumer_gone(self) -> None:
+        """Nobody will take chunks any more: a file reader waiting for room gives up."""
+        with self._lock:
+            self._consumer_gone = True
+            self._not_full.notify_all()
 
     def close(self) -> None:
         if self._overflow is not None:
@@ -208,6 +277,8 @@ class Message:
     lines: int
     on_durable: Callable[[int], None] | None = None
     backlog_bytes: int = 0  # of the files' backlog, the bytes this message completes (progress display)
+    # A file's lines: with the spool full, wait for room (backpressure) instead of dropping them.
+    wait: bool = False
 
 
 _SPOOL_HEADER = struct.Struct(">qIH")
@@ -242,6 +313,13 @@ class Sender:
     New messages go straight to the producer whenever it is healthy, also while the spool is
     still being drained: order between messages does not matter downstream (every line carries
     its stream's line number and its time), and a backlog must not slow the live stream.
+
+    With the spool full, a pipe's message is dropped (counted, said); a file's message (`wait`)
+    waits in `submit` until the spool has room or Kafka takes messages again, which holds the
+    batcher and, through the pipe from the parent, the file readers (backpressure). A file's
+    message whose delivery failed while the spool was full stays in memory (`_retry`) until the
+    drain thread spools or sends it. Either way a file's message is durable (its position may be
+    saved) only once acknowledged or spooled, never when it could not be.
     """
 
     def __init__(self, options: ShipOptions, spool: Spool, stats: ShipStats) -> None:
@@ -257,6 +335,10 @@ class Sender:
         self._spool_lock = threading.Lock()
         self._spooled_backlog: collections.deque[int] = collections.deque()
         self._foreign_spooled = len(spool)
+        self._retry: collections.deque[Message] = collections.deque()  # under _spool_lock
+        self._space = threading.Condition()  # notified when the spool got room or Kafka takes messages
+        self._stopping = threading.Event()  # the parent is stopping: a waiting file message gives up
+        self._said_waiting = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._drainer = threading.Thread(target=self._drain_loop, name="ship-drain", daemon=True)
@@ -290,25 +372,47 @@ class Sender:
 
     def submit(self, message: Message) -> None:
         self.stats.messages += 1
-        if not self._healthy:
-            self._to_spool(message)
-            return
+        waited = False
+        while True:
+            if self._healthy and self._send(message):
+                return
+            if self._to_spool(message):
+                return
+            # A file's message, the spool full and Kafka not taking messages: wait (backpressure).
+            if not waited:
+                waited = True
+                self.stats.waited_messages += 1
+                if not self._said_waiting:
+                    self._said_waiting = True
+                    log.warning("spool full (%d bytes) and Kafka not taking messages (yet): reading the files "
+                                "waits for it (no line is dropped)", self.spool.max_bytes)
+            if self._stopping.is_set():
+                self._defer(message)
+                return
+            with self._space:
+                self._space.wait(0.2)
+
+    def _send(self, message: Message) -> bool:
         try:
             future = self._producer.send(self.options.topic, key=message.key, value=message.value,
                                          timestamp_ms=message.timestamp_ms)
         except Exception as exc:  # noqa: BLE001 - buffer full, no metadata: the broker is not taking messages
             log.debug("send failed (%s); spooling", exc)
             self._unhealthy()
-            self._to_spool(message)
-            return
+            return False
         with self._lock:
             self._in_flight += 1
         future.add_callback(self._on_ack, message)
         future.add_errback(self._on_error, message)
+        return True
 
     def _on_ack(self, message: Message, _metadata: Any) -> None:
         with self._lock:
             self._in_flight -= 1
+        self._acked(message)
+
+    def _acked(self, message: Message) -> None:
+        with self._lock:
             self.stats.acked_messages += 1
             self.stats.acked_lines += message.lines
             self.stats.backlog_acked_bytes += message.backlog_bytes
@@ -317,39 +421,91 @@ class Sender:
 
     def _on_error(self, message: Message, exc: BaseException) -> None:
         log.debug("delivery failed (%s); spooling", exc)
-        with self._lock:
-            self._in_flight -= 1
         self._unhealthy()
-        self._to_spool(message)
+        if not self._to_spool(message):  # a file's message, the spool full: kept, sent by the drain thread
+            with self._spool_lock:
+                self._retry.append(message)
+        with self._lock:  # only now: close() must not see it neither in flight nor kept
+            self._in_flight -= 1
 
     def _unhealthy(self) -> None:
         self._healthy = False
         self._wake.set()
+
+    def _notify_space(self) -> None:
+        with self._space:
+            self._space.notify_all()
+
+    def stop_waiting(self) -> None:
+        """The parent is stopping (SIGINT/SIGTERM, or gone): a file's message still waiting for room
+        in the spool gives up; it is deferred to the next run, which reads it again."""
+        self._stopping.set()
+        self._notify_space()
+
+    def _defer(self, message: Message) -> None:
+        # Not durable: its file's saved position stays before it.
+        with self._lock:
+            self.stats.deferred_messages += 1
+            self.stats.deferred_lines += message.lines
 
     def credit_backlog(self, nbytes: int) -> None:
         """Backlog bytes that no message carries (evidence-only: lines that were not selected)."""
         with self._lock:
             self.stats.backlog_acked_bytes += nbytes
 
-    def _to_spool(self, message: Message) -> None:
+    def _spool_append(self, message: Message) -> bool:
+        """Into the spool, with its bookkeeping; the caller holds _spool_lock. False: the spool is full."""
+        if not self.spool.append(_pack_message(message)):
+            return False
+        self._spooled_backlog.append(message.backlog_bytes)
+        self.stats.spooled_messages += 1
+        self.stats.spooled_lines += message.lines
+        return True
+
+    def _to_spool(self, message: Message) -> bool:
+        """True when done with the message: spooled, or (a pipe's message, the spool full) dropped.
+        False: a file's message and the spool is full; nothing happened, the caller keeps it."""
         # One lock: the batcher and the producer's callbacks both spool, and the backlog bytes
         # beside the spool must stay in the spool's order.
         with self._spool_lock:
-            spooled = self.spool.append(_pack_message(message))
-            if spooled:
-                self._spooled_backlog.append(message.backlog_bytes)
-                self.stats.spooled_messages += 1
-                self.stats.spooled_lines += message.lines
-            else:
+            spooled = self._spool_append(message)
+            if not spooled and not message.wait:
                 self.stats.dropped_messages += 1
                 self.stats.dropped_lines += message.lines
                 self.stats.backlog_dropped_bytes += message.backlog_bytes
+        self._wake.set()
         if not spooled:
+            if message.wait:
+                return False
             log.warning("spool full (%d bytes): dropped a message of %d lines", self.spool.max_bytes, message.lines)
-        # Durable either way: spooled, or knowingly dropped (a full spool must not stall the input).
+        # Durable: spooled, or (a pipe's message, which has no position) knowingly dropped.
         if message.on_durable:
             message.on_durable(message.seq)
-        self._wake.set()
+        return True
+
+    def _send_retries(self) -> None:
+        """Files' messages kept after a failed delivery: into the spool as far as it has room now,
+        the rest straight to Kafka, a window at a time (any failure: back where they were)."""
+        moved: list[Message] = []
+        with self._spool_lock:
+            while self._retry and self._spool_append(self._retry[0]):
+                moved.append(self._retry.popleft())
+            window = [self._retry.popleft() for _ in range(min(64, len(self._retry)))]
+        for message in moved:
+            if message.on_durable:
+                message.on_durable(message.seq)
+        done = 0
+        try:
+            futures = [self._producer.send(self.options.topic, key=m.key, value=m.value, timestamp_ms=m.timestamp_ms)
+                       for m in window]
+            for message, future in zip(window, futures):
+                future.get(timeout=self.options.send_timeout_s + 5)
+                self._acked(message)
+                done += 1
+        finally:
+            if done < len(window):
+                with self._spool_lock:
+                    self._retry.extendleft(reversed(window[done:]))
 
     def _drain_loop(self) -> None:
         """Create the producer, then send the spool head-first, a window at a time; pop each once
@@ -360,9 +516,12 @@ class Sender:
             try:
                 if self._producer is None:
                     self._producer = self._make_producer()
+                if self._retry:
+                    self._send_retries()
                 window = [_unpack_message(raw) for raw in self.spool.peek_many(64)]
                 if not window:
                     self._healthy = True
+                    self._notify_space()
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
@@ -379,11 +538,13 @@ class Sender:
                             backlog_bytes = 0
                         else:
                             backlog_bytes = self._spooled_backlog.popleft() if self._spooled_backlog else 0
+                    self._notify_space()  # room for a file's message waiting in submit
                     with self._lock:
                         self.stats.acked_messages += 1
                         self.stats.acked_lines += message.lines
                         self.stats.backlog_acked_bytes += backlog_bytes
                 self._healthy = True
+                self._notify_space()
                 backoff = 0.2
                 if last_problem:
                     log.warning("Kafka is taking messages again; %d still spooled", len(self.spool))
@@ -408,7 +569,7 @@ class Sender:
                     self._producer.flush(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
             with self._lock:
                 idle = self._in_flight == 0
-            if idle and not len(self.spool):
+            if idle and not len(self.spool) and not self._retry:
                 break
             self._wake.set()
             time.sleep(0.05)
@@ -418,6 +579,17 @@ class Sender:
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 self._producer.close(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+        # Files' messages still kept after failed deliveries: spooled if there is room, else deferred.
+        with self._spool_lock:
+            left = list(self._retry)
+            self._retry.clear()
+        for message in left:
+            with self._spool_lock:
+                spooled = self._spool_append(message)
+            if spooled and message.on_durable:
+                message.on_durable(message.seq)
+            elif not spooled:
+                self._defer(message)
         self.stats.pending_messages = len(self.spool)
         self.spool.close()
 
@@ -715,7 +887,7 @@ class Batcher:
                 on_durable = lambda s, name=name, positions=positions: positions.durable(name, s)
             lines = len(batch.lines) if len(values) == 1 else (len(batch.lines) if index == 0 else 0)
             self.sender.submit(Message(seq, key, value, now_ms, lines, on_durable,
-                                       backlog_bytes if index == len(values) - 1 else 0))
+                                       backlog_bytes if index == len(values) - 1 else 0, source.file is not None))
 
 
 # --- readers -----------------------------------------------------------------------------------------
@@ -758,7 +930,11 @@ def pipe_reader(fd: int, source: Source, queue: ChunkQueue, passthrough_fd: int 
 
 def file_reader(path: Path, source: Source, queue: ChunkQueue, positions: Positions, options: ShipOptions,
                 stop: threading.Event) -> None:
-    """Read a file from its saved position; with `follow`, keep reading across rotation and truncation."""
+    """Read a file from its saved position; with `follow`, keep reading across rotation and truncation.
+
+    While the shipper is behind (the queue full), reading waits: the file keeps the lines meanwhile.
+    Stopped (SIGINT/SIGTERM) with more to read, it ends at the last whole line of the chunk in hand;
+    the next run resumes from the position saved for what was shipped."""
     saved = positions.get(source.name)
     f: BinaryIO | None = None
     while f is None:
@@ -767,7 +943,7 @@ def file_reader(path: Path, source: Source, queue: ChunkQueue, positions: Positi
         except FileNotFoundError:
             if not options.follow or stop.is_set():
                 log.warning("%s: no such file", path)
-                queue.put(Chunk(source.id, b"", None, eof=True))
+                queue.put_file(Chunk(source.id, b"", None, eof=True), None)
                 return
             stop.wait(options.poll_s)
     st = os.fstat(f.fileno())
@@ -783,9 +959,15 @@ def file_reader(path: Path, source: Source, queue: ChunkQueue, positions: Positi
         data = f.read(READ_CHUNK)
         if data:
             live = pos >= backlog_end
-            pos += len(data)
-            queue.put(Chunk(source.id, data, time.time() if live else None, end_pos=pos, inode=inode))
-            continue
+            start, pos = pos, pos + len(data)
+            read_ts = time.time() if live else None
+            if not stop.is_set() and queue.put_file(Chunk(source.id, data, read_ts, end_pos=pos, inode=inode), stop):
+                continue
+            # Stopping: the whole lines of this chunk (so no line is cut in two), then the end.
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                queue.put_file(Chunk(source.id, data[:cut], read_ts, end_pos=start + cut, inode=inode), None)
+            break
         if not options.follow or stop.is_set():
             break
         try:
@@ -795,19 +977,19 @@ def file_reader(path: Path, source: Source, queue: ChunkQueue, positions: Positi
             continue
         if st.st_ino != inode:
             # Rotated: the old generation is read to its end; its last partial line is a line.
-            queue.put(Chunk(source.id, b"", time.time(), end_pos=pos, inode=inode, eof=True))
+            queue.put_file(Chunk(source.id, b"", time.time(), end_pos=pos, inode=inode, eof=True), None)
             f.close()
             f = open(path, "rb")  # noqa: SIM115 - the new generation, closed below
             inode, pos, backlog_end = os.fstat(f.fileno()).st_ino, 0, 0
             continue
         if st.st_size < pos:  # truncated in place (copytruncate)
-            queue.put(Chunk(source.id, b"", time.time(), end_pos=pos, inode=inode, eof=True))
+            queue.put_file(Chunk(source.id, b"", time.time(), end_pos=pos, inode=inode, eof=True), None)
             f.seek(0)
             pos, backlog_end = 0, 0
             continue
         stop.wait(options.poll_s)
     f.close()
-    queue.put(Chunk(source.id, b"", None, eof=True))
+    queue.put_file(Chunk(source.id, b"", None, eof=True), None)
 
 
 # --- running ---------------------------------------------------------------------------------------------
@@ -842,7 +1024,8 @@ def _locked_dir(base: Path, name: str) -> Iterator[Path]:
 
 def run_ship(options: ShipOptions, *, files: Sequence[str] = (), command: Sequence[str] = ()) -> int:
     """Ship until the input ends (or, following files, until SIGINT/SIGTERM). Returns the exit code:
-    the wrapped command's, else 0 (1 when lines were dropped because the spool was full)."""
+    the wrapped command's, else 0 (1 when lines of a pipe were dropped because the spool or the
+    overflow file was full; files are never dropped: reading them waits instead)."""
     if options.attempt is None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "").isdigit():
         options.attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     # Hand the GIL over quickly, so the pipe readers run as soon as the child writes.
@@ -860,19 +1043,25 @@ _FRAME_CHUNK, _FRAME_PID = 0, 1
 
 def _forward_frames(fd: int, queue: ChunkQueue, open_sources: int) -> None:
     """Parent side: chunks to the shipping process, until every source ended. Blocking writes are
-    fine here: the readers never wait for this thread, the queue (and its disk overflow) absorbs."""
-    with os.fdopen(fd, "wb", buffering=READ_CHUNK) as pipe:
-        while open_sources:
-            chunk = queue.get(timeout=0.5)
-            if chunk is None:
-                continue
-            pipe.write(_FRAME.pack(_FRAME_CHUNK, chunk.source_id, chunk.read_ts if chunk.read_ts is not None else -1.0,
-                                   chunk.end_pos if chunk.end_pos is not None else -1, chunk.inode or 0, chunk.eof,
-                                   0, len(chunk.data)))
-            pipe.write(chunk.data)
-            pipe.flush()  # chunks are already large; followed files must not wait for more
-            if chunk.eof and chunk.end_pos is None:
-                open_sources -= 1
+    fine here: pipe readers never wait for this thread, the queue (and its disk overflow) absorbs;
+    file readers do wait once the queue is full, which is the backpressure on files."""
+    try:
+        with os.fdopen(fd, "wb", buffering=READ_CHUNK) as pipe:
+            while open_sources:
+                chunk = queue.get(timeout=0.5)
+                if chunk is None:
+                    continue
+                pipe.write(_FRAME.pack(_FRAME_CHUNK, chunk.source_id,
+                                       chunk.read_ts if chunk.read_ts is not None else -1.0,
+                                       chunk.end_pos if chunk.end_pos is not None else -1, chunk.inode or 0,
+                                       chunk.eof, 0, len(chunk.data)))
+                pipe.write(chunk.data)
+                pipe.flush()  # chunks are already large; followed files must not wait for more
+                if chunk.eof and chunk.end_pos is None:
+                    open_sources -= 1
+    except OSError as exc:  # the shipping process is gone: file readers must not wait for room forever
+        log.error("the shipping process is gone (%s): stopped reading", exc)
+        queue.consumer_gone()
 
 
 def _send_pid(fd: int, source_id: int, pid: int) -> None:
@@ -937,8 +1126,16 @@ def _start_progress(options: ShipOptions, stats: ShipStats, backlog: dict[int, B
     return progress
 
 
+def _watch_control(fd: int, sender: Sender) -> None:
+    """Shipping-process side of the control pipe: a byte (the parent is stopping) or its end (the
+    parent is gone): a file's message waiting for room in the spool gives up (see Sender.stop_waiting)."""
+    with contextlib.suppress(OSError):
+        os.read(fd, 1)
+    sender.stop_waiting()
+
+
 def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[int, Source],
-                      backlog: dict[int, BacklogFile] | None = None) -> int:
+                      backlog: dict[int, BacklogFile] | None = None, control_fd: int | None = None) -> int:
     """The forked process that batches and sends, at low CPU priority: the wrapped command (and the
     parent that passes its output through) always come first."""
     with contextlib.suppress(OSError):
@@ -953,6 +1150,8 @@ def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[
     spool = Spool(state / "spool", options.spool_max_bytes)
     positions = Positions(state / "positions.json")
     sender = Sender(options, spool, stats)
+    if control_fd is not None:
+        threading.Thread(target=_watch_control, args=(control_fd, sender), name="ship-control", daemon=True).start()
     frames = _FrameQueue(fd, sources)
     batcher = Batcher(options, sources, frames, sender, positions, stats, backlog)  # type: ignore[arg-type]
     if options.on_start is not None:
@@ -977,9 +1176,18 @@ def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[
         f"rootrank ship: {stats.lines} lines in {stats.messages} messages; "
         f"{stats.acked_messages} acknowledged, {stats.spooled_messages} went through the spool, "
         f"{stats.pending_messages} still spooled in {state / 'spool'}"
+        + (f", {stats.waited_messages} waited for room in the spool (reading the files paused)"
+           if stats.waited_messages else "")
+        + (f", {stats.deferred_lines} lines left for the next run (the spool was full when stopped; "
+           "their files' saved positions are before them)" if stats.deferred_messages else "")
         + (f", {stats.dropped_lines} lines dropped (spool full)" if stats.dropped_lines else ""),
         file=sys.stderr, flush=True,
     )
+    if stats.dropped_lines:
+        print(f"rootrank ship: ERROR: {stats.dropped_lines} lines in {stats.dropped_messages} messages were NOT shipped: "
+              f"Kafka was not taking messages and the spool in {state / 'spool'} was full "
+              f"(--spool-max-mib {options.spool_max_bytes / 2**20:g}); raise --spool-max-mib (disk permitting) "
+              "or check the broker", file=sys.stderr, flush=True)
     return 1 if stats.dropped_lines else 0
 
 
@@ -1009,19 +1217,34 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
+    # Parent -> shipping process, beside the frames (which may be blocked by backpressure): one byte
+    # when stopping; its end when the parent is gone.
+    control_read, control_write = os.pipe()
+    os.set_blocking(control_write, False)  # written from a signal handler: never waits
     shipper_pid = os.fork()
     if shipper_pid == 0:  # the shipping process
         code = 1
         try:
             os.close(write_end)
-            code = _shipping_process(read_end, options, state, sources, backlog)
+            os.close(control_write)
+            code = _shipping_process(read_end, options, state, sources, backlog, control_read)
         except BaseException:
             log.exception("shipping process failed")
         finally:
             sys.stderr.flush()
             os._exit(code)
     os.close(read_end)
+    os.close(control_read)
+    try:
+        return _read_inputs(options, state, sources, positions, files, command, write_end, shipper_pid,
+                            control_write)
+    finally:
+        os.close(control_write)
 
+
+def _read_inputs(options: ShipOptions, state: Path, sources: dict[int, Source], positions: Positions,
+                 files: list[str], command: list[str], write_end: int, shipper_pid: int, control_write: int) -> int:
+    """The parent's side of `_run`, once the shipping process is forked: read, forward, wait for it."""
     queue = ChunkQueue(options.queue_max_bytes, state / "overflow", options.spool_max_bytes)
     stop = threading.Event()
     threads: list[threading.Thread] = []
@@ -1060,6 +1283,8 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
                 child.send_signal(signum)
         else:
             stop.set()
+            with contextlib.suppress(OSError):  # full (it was told already), or closed
+                os.write(control_write, b"s")
 
     previous: dict[int, Any] = {}
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -1087,6 +1312,13 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
         for restored, handler in previous.items():
             signal.signal(restored, handler)
     shipper_failed = os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0 or os.WIFSIGNALED(status)
+    if queue.dropped_chunks:
+        what = "the command's output" if command else "standard input"
+        print(f"rootrank ship: ERROR: {queue.dropped_bytes} bytes (about {queue.dropped_lines} lines, in "
+              f"{queue.dropped_chunks} chunks) of {what} were NOT shipped: shipping fell behind and the overflow "
+              f"file in {state / 'overflow'} was full (--spool-max-mib "
+              f"{options.spool_max_bytes / 2**20:g}); raise --spool-max-mib (disk permitting) or make Kafka faster",
+              file=sys.stderr, flush=True)
     if code == 0 and (shipper_failed or queue.dropped_bytes):
         return 1
     return code
