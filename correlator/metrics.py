@@ -280,6 +280,12 @@ class ShipStatsCollector(Collector):
                                       value=f.heartbeats)
         yield GaugeMetricFamily("rootrank_ship_pending_messages", "messages still in the spool",
                                 value=s.pending_messages)
+        yield CounterMetricFamily("rootrank_ship_waited_messages",
+                                  "files' messages that waited for room in a full spool (backpressure, not loss)",
+                                  value=getattr(s, "waited_messages", 0))
+        yield CounterMetricFamily("rootrank_ship_backlog_acked_bytes",
+                                  "bytes of the files' starting backlog acknowledged by Kafka",
+                                  value=getattr(s, "backlog_acked_bytes", 0))
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -51,7 +51,8 @@ def test_dead_letters_and_decode_failures_by_reason() -> None:
 
 def test_ship_metrics_server_serves_the_shippers_counters() -> None:
     registry = CollectorRegistry()
-    stats = ShipStats(lines=120, messages=3, acked_messages=2, acked_lines=80)
+    stats = ShipStats(lines=120, messages=3, acked_messages=2, acked_lines=80, waited_messages=7,
+                      backlog_acked_bytes=4096)
     registry.register(metrics.ShipStatsCollector(stats))
     server = metrics.serve_metrics(0, registry=registry)
     try:
@@ -68,3 +69,5 @@ def test_ship_metrics_server_serves_the_shippers_counters() -> None:
         server.server_close()
     assert "rootrank_ship_lines_sent_total 120.0" in text
     assert 'rootrank_ship_acked_total{unit="lines"} 120.0' in text
+    assert "rootrank_ship_waited_messages_total 7.0" in text
+    assert "rootrank_ship_backlog_acked_bytes_total 4096.0" in text
