@@ -30,7 +30,7 @@ bench: install
 	$(PY) -m benchmarks.run
 
 fuzz: install
-	ROOTRANK_FUZZ_MESSAGES=10000 ROOTRANK_LONG_TESTS=1 $(PY) -m pytest -q tests/integration -k "fuzz or long_run or second_worker_joins_mid_retry"
+	ROOTRANK_FUZZ_MESSAGES=10000 ROOTRANK_LONG_TESTS=1 $(PY) -m pytest -q tests/integration -k "fuzz or rebalances_mid_stream"
 
 lint: install
 	$(VENV)/bin/ruff check ingest correlator tests

@@ -6,7 +6,10 @@ A thin faust shell around `WebhookDispatcher.handle` (correlator/webhooks/dispat
   destination has it delivered or dead-lettered (dead letters awaited until the broker acked
   them), so faust commits no offset past an incident still being retried. A receiver that is
   down stalls this sink (Kafka keeps the backlog, not memory); a worker stopped or killed
-  mid-retry re-reads the incident from the last commit and delivers it then;
+  mid-retry re-reads the incident from the last commit and delivers it then; in a rebalance
+  the delivery in flight for a revoked partition is cancelled, unacked, and the partition's
+  owner re-reads it from the last commit (with no record lost to faust's buffer clearing:
+  see `correlator.app.hold_fetched_records_across_rebalance_completion`);
 - per-incident progress (which destination has which transition) lives in the table
   `webhook-progress` (changelog-backed, partitioned like the incidents topic), so a replay
   after a restart notifies nobody twice;
@@ -245,13 +248,18 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def abandon_revoked(sender: Any, revoked: Any, *args: Any, **kwargs: Any) -> None:
-        # Retrying for a partition this worker no longer owns would only race its new owner.
+        # Retrying for a partition this worker no longer owns would only race its new owner. Wait
+        # (briefly) for the cancellation to land, so no attempt starts after the partition moved.
         task = in_flight.get("task")
         if task is not None and in_flight.get("tp") in revoked and not task.done():
             task.cancel()
+            await asyncio.wait({task}, timeout=5.0)
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]
     async def rewind_never_committed(sender: Any, *args: Any, **kwargs: Any) -> None:
+        # Fetched records are held until faust has cleared the buffers (correlator.app, for every
+        # role): without that, the moved partition's incidents were wiped from this agent's buffer
+        # in a rebalance during a receiver outage, and never delivered.
         await _rewind_partitions_never_committed(app, topics.incidents)
 
     @app.timer(interval=3600.0)  # type: ignore[untyped-decorator]
@@ -318,7 +326,7 @@ def build_webhooks_app(settings: Settings, *, web_port: int | None, **overrides:
     """The webhook sink as its own faust app and consumer group (`<app_id>-webhooks`)."""
     import faust
 
-    from correlator.app import faust_settings
+    from correlator.app import faust_settings, hold_fetched_records_across_rebalance_completion
     from correlator.topics import group_id
 
     conf = faust_settings(settings, WEBHOOKS_ROLE, web_port=web_port)
@@ -329,6 +337,7 @@ def build_webhooks_app(settings: Settings, *, web_port: int | None, **overrides:
     conf.update(overrides)
     Path(conf["datadir"]).parent.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
     app = faust.App(group_id(settings, WEBHOOKS_ROLE), **conf)
+    hold_fetched_records_across_rebalance_completion(app)
     install_webhook_sink(app, settings)
     return app
 

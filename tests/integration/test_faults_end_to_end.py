@@ -159,58 +159,96 @@ def test_sigkill_mid_failure_gives_one_document_and_one_webhook_per_revision(
         es.close()
 
 
-@pytest.mark.skipif(not os.environ.get("ROOTRANK_LONG_TESTS"), reason="long run (about 90 s): `make fuzz` runs it")
-def test_long_run_rebalances_mid_stream_a_worker_joins_then_one_is_killed(tansu_broker: BrokerAddress, tmp_path: Path) -> None:
-    """Jobs stream in thirds: a second worker joins after the first third (partitions move to it),
-    the first worker is SIGKILLed after the second (its partitions move back to the survivor, from
-    the last commit). Every job's incident is still the offline one, each revision emitted once."""
+# `make test` streams 4 jobs (one per partition) and sends what is left after the join, and the last
+# third, at once. `make fuzz` (ROOTRANK_LONG_TESTS=1) streams 8 jobs (two per partition) in messages
+# half as large and keeps trickling through both rebalances: lines arrive all along.
+LONG_REBALANCE_RUN = bool(os.environ.get("ROOTRANK_LONG_TESTS"))
+
+
+def test_rebalances_mid_stream_a_worker_joins_then_one_is_killed(tansu_broker: BrokerAddress, tmp_path: Path) -> None:
+    """Jobs stream in thirds. The first worker streams the first third alone; a second worker joins
+    while the second third trickles in (partitions move to it: the test waits until it has processed
+    lines, and the first worker too after the join); then the first worker is SIGKILLed and the last
+    third is sent (its partitions move back to the survivor, from the last commit). Every job's
+    incident is still the offline one, each revision emitted once."""
     from tests.fixtures.kafka import start_pipeline
     from tests.integration.test_streaming_workers import job_ids_covering_partitions
 
     raw = 'rootrank_raw_messages_total{outcome="processed"}'
+    # lines per message, noise lines per rank log, seconds between messages before the join and after it
+    lines_per_message, noise_lines, trickle_s, then_s = (5, 24, 0.5, 0.1) if LONG_REBALANCE_RUN else (10, 12, 0.45, 0.0)
+    started = time.monotonic()
     pipeline = start_pipeline(tansu_broker, tmp_path, "rr-rebalance", workers=1)
     try:
         jobs = job_ids_covering_partitions("rebal")
+        if LONG_REBALANCE_RUN:
+            jobs += job_ids_covering_partitions("rebal-b")
         expected: dict[str, list[dict[str, Any]]] = {}
         thirds: list[list[tuple[bytes, list[bytes]]]] = [[], [], []]
-        for index, (job, cls) in enumerate(zip(jobs, ["cuda_oom", "nccl_timeout", "cuda_oom", "nccl_timeout"])):
+        for index, job in enumerate(jobs):
             out = tmp_path / job
-            truth = simulate(cls, world_size=8, hosts=2, seed=40 + index, noise_lines=12, out=out)
+            cls = "cuda_oom" if index % 2 == 0 else "nccl_timeout"
+            truth = simulate(cls, world_size=8, hosts=2, seed=40 + index, noise_lines=noise_lines, out=out)
             paths = log_paths(out, truth)
             expected[job] = sorted((incident_essentials(i.to_json_dict()) for i in diagnose_paths(paths, job_id=job)),
                                    key=lambda i: i["incident_id"])
             for path in paths:
-                messages = ship_format_messages(job, path, lines_per_message=10)
+                messages = ship_format_messages(job, path, lines_per_message=lines_per_message)
                 step = -(-len(messages) // 3)
                 for part in range(3):
                     thirds[part].append((f"{job}|{path}".encode(), messages[part * step:(part + 1) * step]))
         sent = sum(len(m) for third in thirds for _, m in third)
-        started = time.monotonic()
 
         from kafka import KafkaProducer
 
         producer = KafkaProducer(bootstrap_servers=str(tansu_broker), acks="all", linger_ms=5)
 
-        def send(part: int, spread_s: float = 0.0) -> None:
-            """One third of every stream, in order per stream; spread over `spread_s` seconds."""
-            batches = [(key, m) for key, messages in thirds[part] for m in messages]
-            for n, (key, message) in enumerate(batches):
-                producer.send("rootrank.logs", key=key, value=message)
-                if spread_s and n % 10 == 9:
-                    producer.flush(30)
-                    time.sleep(spread_s * 10 / len(batches))
-            producer.flush(30)
+        def batches(part: int) -> list[tuple[bytes, bytes]]:
+            """One third of every stream, in order per stream."""
+            return [(key, m) for key, messages in thirds[part] for m in messages]
+
+        def processed(worker: WorkerProcess) -> float:
+            return worker.metrics().get(raw, 0)
 
         first = pipeline.worker
-        send(0)
-        second = pipeline.add_worker()  # rebalance 1: a worker joins while the second third trickles in
-        second.wait_ready()  # serving; its group join (the rebalance) happens during the trickle
-        send(1, spread_s=12.0)
-        time.sleep(3)
-        second_before_kill = second.metrics().get(raw, 0)
-        first_raw = first.metrics().get(raw, 0)
-        first.stop(signal.SIGKILL)  # rebalance 2: a worker dies mid-stream
-        send(2)
+        stream_started = time.monotonic()
+        for key, message in batches(0):
+            producer.send("rootrank.logs", key=key, value=message)
+        producer.flush(30)
+        wait_for(lambda: processed(first) > 0, 90, interval=0.2, what="the first worker to process lines")
+
+        # Rebalance 1: a worker joins while the second third trickles in. Trickle until it has processed
+        # lines (it owns partitions now), holding back the last third of the trickle until then so lines
+        # still arrive after the join; then send the rest at once.
+        second = pipeline.add_worker()
+        trickle = batches(1)
+        hold_from = len(trickle) * 2 // 3
+        sent_before_join: int | None = None
+        first_at_join = joined_s = 0.0
+        for n, (key, message) in enumerate(trickle):
+            if sent_before_join is None and (processed(second) > 0 or n >= hold_from):
+                wait_for(lambda: processed(second) > 0, 120, interval=0.2, what="the joining worker to process lines")
+                sent_before_join, first_at_join = n, processed(first)
+                joined_s = time.monotonic() - stream_started
+            producer.send("rootrank.logs", key=key, value=message)
+            producer.flush(30)
+            time.sleep(trickle_s if sent_before_join is None else then_s)
+        assert sent_before_join is not None
+        # Both sides of the first rebalance are streaming again before the second one.
+        wait_for(lambda: processed(first) > first_at_join, 60, interval=0.2,
+                 what="the first worker to process lines after the join")
+
+        # Rebalance 2: the first worker dies mid-stream; the last third arrives while the group notices.
+        first_raw = processed(first)
+        second_before_kill = processed(second)
+        first.stop(signal.SIGKILL)
+        killed_s = time.monotonic() - stream_started
+        for key, message in batches(2):
+            producer.send("rootrank.logs", key=key, value=message)
+            if then_s:
+                producer.flush(30)
+                time.sleep(then_s)
+        producer.flush(30)
 
         def all_right(streamed: list[dict[str, Any]]) -> bool:
             for job, want in expected.items():
@@ -220,19 +258,21 @@ def test_long_run_rebalances_mid_stream_a_worker_joins_then_one_is_killed(tansu_
             return True
 
         streamed = [i for i in pipeline.incidents(None, until=all_right, timeout=120) if i["job_id"] in expected]
-        elapsed = time.monotonic() - started
+        right_s = time.monotonic() - stream_started
         seen = [(i["incident_id"], i["revision"]) for i in streamed]
         assert len(seen) == len(set(seen)), f"a revision was emitted twice: {seen}"
-        second_raw = second.metrics().get(raw, 0)
-        assert second_raw > 0 and first_raw > 0
+        second_raw = processed(second)
+        assert second_raw > second_before_kill > 0 and first_raw > first_at_join > 0
         found = len(latest_revisions(streamed))
         want = sum(len(v) for v in expected.values())
-        print(f"\nrebalance mid-stream (join, then kill -9): {sent} messages sent for {len(jobs)} jobs; processed "
-              f"{first_raw:.0f} by the killed worker + {second_raw:.0f} by the survivor ({second_before_kill:.0f} "
-              f"before the kill; re-reads after the kill included); incidents expected {want}, found {found}, right "
-              f"after {elapsed:.1f} s; 0 duplicates")
+        print(f"\nrebalance mid-stream (join, then kill -9){' [long run]' if LONG_REBALANCE_RUN else ''}: {sent} "
+              f"messages sent for {len(jobs)} jobs; the joining worker processed lines {joined_s:.1f} s into the "
+              f"stream ({sent_before_join} of {len(trickle)} trickled messages sent before); processed "
+              f"{first_raw:.0f} by the killed worker (killed at {killed_s:.1f} s) + {second_raw:.0f} by the survivor "
+              f"({second_before_kill:.0f} before the kill; re-reads after the kill included); incidents expected "
+              f"{want}, found {found}, right {right_s:.1f} s into the stream; 0 duplicates; "
+              f"{time.monotonic() - started:.1f} s in all")
     finally:
         pipeline.stop()
         if "producer" in locals():
             producer.close(5)
-
