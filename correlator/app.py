@@ -256,10 +256,25 @@ def build_app(settings: Settings, role: str, *, pipeline: Pipeline | None = None
     conf.update(overrides)
     Path(conf["datadir"]).mkdir(parents=True, exist_ok=True)
     app = faust.App(group_id(settings, role), **conf)
+    hold_fetched_records_across_rebalance_completion(app)
     builder(app, settings, pipeline or Pipeline(settings))
     if web_port is not None:
         _add_metrics_page(app)
     return app
+
+
+def hold_fetched_records_across_rebalance_completion(app: faust.App) -> None:
+    """faust-streaming 0.15 resumes the stream partitions and seeks them to the committed offsets
+    *before* `flow_control.resume()`, which empties every agent's buffer. The fetcher already runs
+    (it read the changelogs), so records fetched in between were put in a buffer and wiped while the
+    read position moved past them: never processed, and a commit can step over the hole. With flow
+    control suspended from `on_rebalance_complete` (sent right before that seek), fetched records
+    wait in the conductor and enter the buffers after the clear. Found by the webhook rebalance test
+    (tests/integration/test_webhooks_stream.py); it applies to every role's app."""
+
+    @app.on_rebalance_complete.connect  # type: ignore[arg-type]
+    async def hold_buffers(sender: Any, *args: Any, **kwargs: Any) -> None:
+        app.flow_control.suspend()
 
 
 def _add_metrics_page(app: faust.App) -> None:
