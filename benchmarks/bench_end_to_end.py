@@ -99,14 +99,45 @@ def processor_rate(values: list[tuple[bytes | None, bytes]], *, profile: bool, b
     return cpu, lines, report
 
 
+def _profiled_worker(env: dict[str, str], log_path: Path, role: str, out: Path) -> Any:
+    """A WorkerProcess running under `python -m cProfile -o out` (main thread; written on SIGTERM)."""
+    import subprocess
+
+    from tests.fixtures.kafka import REPO, WorkerProcess
+
+    class ProfiledWorker(WorkerProcess):
+        def start(self) -> ProfiledWorker:
+            with self.log_path.open("ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "correlator.cli", "worker",
+                     "--role", self.role, "--web-port", str(self.web_port), "--loglevel", "warning", "--skip-setup"],
+                    cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            return self
+
+    return ProfiledWorker(env, log_path, role)
+
+
+def print_worker_profile(path: Path, top: int = 30) -> None:
+    stats = pstats.Stats(str(path))
+    for order in ("tottime", "cumulative"):
+        out = io.StringIO()
+        stats.stream = out  # type: ignore[attr-defined]
+        stats.sort_stats(order).print_stats(top)
+        print(out.getvalue())
+
+
 def run_scenario(broker: Any, workdir: Path, name: str, values: list[tuple[bytes | None, bytes]], lines: int,
                  log_bytes: int, *, compression: str | None, timeout: float,
-                 producer_batch: int | None = None) -> dict[str, float]:
+                 producer_batch: int | None = None, worker_profile: Path | None = None,
+                 worker_settings: dict[str, str] | None = None) -> dict[str, float]:
     from tests.fixtures.kafka import WorkerProcess, ensure_pipeline_topics, pipeline_env, read_topic
 
     settings = _topic_settings(name)
     if producer_batch is not None:  # the tests' Tansu setting is 1 (one message per produce request)
         settings["kafka__producer_max_batch_size"] = str(producer_batch)
+    settings.update(worker_settings or {})
     env = pipeline_env(broker, f"bench-{name}", workdir / name, **settings)
     ensure_pipeline_topics(env)
     topic = settings["topics__logs"]
@@ -117,7 +148,11 @@ def run_scenario(broker: Any, workdir: Path, name: str, values: list[tuple[bytes
     lines_per_msg = lines / len(values)
     raw_lines_s = raw_msgs * lines_per_msg / raw_s
 
-    worker = WorkerProcess(env, workdir / f"worker-{name}.log", "match,correlate").start()
+    if worker_profile is not None:
+        worker = _profiled_worker(env, workdir / f"worker-{name}.log", "match,correlate",
+                                  worker_profile.with_name(f"{worker_profile.name}.{name}")).start()
+    else:
+        worker = WorkerProcess(env, workdir / f"worker-{name}.log", "match,correlate").start()
     assert worker.proc is not None
     try:
         t0 = l0 = cpu0 = None
@@ -209,6 +244,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the in-process match work")
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke run (small inputs)")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--worker-profile", type=Path, help="run the worker under cProfile and write its stats to "
+                        "this path (+ .ship / .fluentbit); the rates then include the profiler's overhead")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION__KEY=VALUE",
+                        help="a worker setting (ROOTRANK_ without the prefix), e.g. engine__batch_within_s=0.2")
     parser.add_argument("--producer-batch", type=int, help="worker's kafka.producer_max_batch_size (default: the "
                         "tests' Tansu setting, 1; Kafka's default is 16384)")
     args = parser.parse_args(argv)
@@ -226,11 +265,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                     ship_values(lines, batch_bytes=16 * 1024 if args.quick else 256 * 1024))
                 log_bytes = text_bytes(lines)
                 r = run_scenario(broker, workdir, "ship", values, len(lines), log_bytes, compression="lz4",
-                                 timeout=args.timeout, producer_batch=args.producer_batch)
+                                 timeout=args.timeout, producer_batch=args.producer_batch,
+                                 worker_profile=args.worker_profile,
+                                 worker_settings=dict(item.split("=", 1) for item in args.set))
                 cpu, plines, prof = processor_rate(values, profile=args.profile)
                 r["processor_lines_per_cpu_s"] = plines / cpu
                 r["processor_mib_per_cpu_s"] = plines / cpu * log_bytes / len(lines) / MiB
                 r["worker_vs_processor"] = r["worker_lines_per_cpu_s"] / r["processor_lines_per_cpu_s"]
+                if args.worker_profile is not None:
+                    print_worker_profile(args.worker_profile.with_name(f"{args.worker_profile.name}.ship"))
                 report("ship", r, f">= {TARGET_SHIP_MIB_S:g} MiB/s", r["worker_mib_s"] >= TARGET_SHIP_MIB_S)
                 if prof:
                     print(prof)
@@ -240,11 +283,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                 values = fluentbit_values(lines)
                 log_bytes = text_bytes(lines)
                 r = run_scenario(broker, workdir, "fluentbit", values, len(lines), log_bytes, compression=None,
-                                 timeout=args.timeout, producer_batch=args.producer_batch)
+                                 timeout=args.timeout, producer_batch=args.producer_batch,
+                                 worker_profile=args.worker_profile,
+                                 worker_settings=dict(item.split("=", 1) for item in args.set))
                 cpu, plines, prof = processor_rate(values, profile=args.profile, max_values_bytes=8 * MiB)
                 r["processor_lines_per_cpu_s"] = plines / cpu
                 r["processor_mib_per_cpu_s"] = plines / cpu * log_bytes / len(lines) / MiB
                 r["worker_vs_processor"] = r["worker_lines_per_cpu_s"] / r["processor_lines_per_cpu_s"]
+                if args.worker_profile is not None:
+                    print_worker_profile(args.worker_profile.with_name(f"{args.worker_profile.name}.fluentbit"))
                 report("fluentbit", r, f">= {TARGET_FB_LINES_S:,.0f} lines/s", r["worker_lines_s"] >= TARGET_FB_LINES_S)
                 if prof:
                     print(prof)

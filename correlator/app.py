@@ -104,6 +104,30 @@ def _credentials(settings: Settings) -> Any:
     return None
 
 
+_FETCH_WAIT_ATTR = "_rootrank_fetch_max_wait_ms"
+
+
+def _install_fetch_wait_hook() -> None:
+    """faust builds its aiokafka consumer with fetch_max_wait_ms=1500 and no setting to change it; an app
+    carrying `_rootrank_fetch_max_wait_ms` gets its consumer built with that value instead."""
+    from faust.transport.drivers import aiokafka as driver
+
+    thread_cls = driver.AIOKafkaConsumerThread
+    if getattr(thread_cls, "_rootrank_fetch_wait_hooked", False):
+        return
+    original = thread_cls._create_worker_consumer
+
+    def create_worker_consumer(self: Any, transport: Any) -> Any:
+        consumer = original(self, transport)
+        wait_ms = getattr(self.app, _FETCH_WAIT_ATTR, None)
+        if wait_ms is not None and hasattr(consumer, "_fetch_max_wait_ms"):
+            consumer._fetch_max_wait_ms = int(wait_ms)  # read by AIOKafkaConsumer.start() for its Fetcher
+        return consumer
+
+    setattr(thread_cls, "_create_worker_consumer", create_worker_consumer)  # noqa: B010
+    setattr(thread_cls, "_rootrank_fetch_wait_hooked", True)  # noqa: B010
+
+
 def faust_settings(settings: Settings, role: str, *, web_port: int | None) -> dict[str, Any]:
     kafka = settings.kafka
     conf: dict[str, Any] = {
@@ -119,6 +143,7 @@ def faust_settings(settings: Settings, role: str, *, web_port: int | None) -> di
         "broker_session_timeout": kafka.session_timeout_s,
         "broker_heartbeat_interval": max(0.5, min(3.0, kafka.session_timeout_s / 6)),
         "broker_rebalance_timeout": max(kafka.session_timeout_s * 2, 20.0),
+        "consumer_max_fetch_size": kafka.consumer_max_fetch_bytes,
         "producer_acks": -1,
         "producer_max_batch_size": kafka.producer_max_batch_size,
         "producer_linger": kafka.producer_linger_ms / 1000.0,
@@ -194,6 +219,7 @@ def _build_match(app: faust.App, settings: Settings, pipeline: Pipeline) -> None
         processor,
         batch_size=engine.batch_size,
         batch_within_s=engine.batch_within_s,
+        scan_max_bytes=engine.scan_max_bytes,
     )
 
 
@@ -256,6 +282,8 @@ def build_app(settings: Settings, role: str, *, pipeline: Pipeline | None = None
     conf.update(overrides)
     Path(conf["datadir"]).mkdir(parents=True, exist_ok=True)
     app = faust.App(group_id(settings, role), **conf)
+    _install_fetch_wait_hook()
+    setattr(app, _FETCH_WAIT_ATTR, settings.kafka.consumer_fetch_max_wait_ms)
     hold_fetched_records_across_rebalance_completion(app)
     builder(app, settings, pipeline or Pipeline(settings))
     if web_port is not None:

@@ -32,6 +32,15 @@ class KafkaSettings(BaseModel):
         "under-reports the end of a batched log, which breaks changelog recovery)",
     )
     producer_linger_ms: int = Field(default=0, description="how long the producer waits to fill a batch")
+    consumer_max_fetch_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        description="most bytes a fetch returns per partition (faust's default is 1 MiB: four shipped batches)",
+    )
+    consumer_fetch_max_wait_ms: int = Field(
+        default=100,
+        description="longest a fetch waits at the broker for new data (faust's own setting is 1500 ms; brokers "
+        "that answer only when the wait is over, like Tansu, then add up to that much to every hop)",
+    )
     max_request_bytes: int = Field(
         default=32 * 1024 * 1024, description="largest produce request the worker sends (dead letters keep raw bytes)"
     )
@@ -58,7 +67,13 @@ class EngineSettings(BaseModel):
     quiet_window_s: float = Field(default=20.0, description="a job's window closes after this long without new signals")
     rules_dir: str | None = Field(default=None, description="rule library folder (default: the installed one)")
     job_path_regex: str | None = Field(default=None, description="regex with a named group `job` applied to file paths")
-    batch_size: int = Field(default=500, description="raw messages the match agent decodes and scans at once")
+    batch_size: int = Field(default=500, description="raw messages the match agent (and the correlate agent: "
+                            "signals) takes from its topic at once")
+    scan_max_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        description="the match agent decodes and scans a batch in runs of at most this many bytes of values, "
+        "handing the event loop back in between (a shipped message holds thousands of lines)",
+    )
     batch_within_s: float = Field(default=0.2, description="longest wait to fill a match batch")
     max_value_bytes: int = Field(
         default=4 * 1024 * 1024, description="raw messages larger than this go to the dead-letter topic"

@@ -8,6 +8,7 @@ offsets and recovers job state from the changelog.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 from typing import Any
@@ -41,6 +42,10 @@ def run_worker(settings: Settings, roles: str = "all", *, loglevel: str = "WARNI
     import faust
 
     apps = build_apps(settings, parse_roles(roles), web_port=web_port, **overrides)
+    # What start-up built (modules, rule set, compiled patterns) lives as long as the process: keep it
+    # out of the cyclic garbage collector's full passes, which otherwise walk all of it again and again.
+    gc.collect()
+    gc.freeze()
     # mode's worker needs a current event loop before it starts.
     try:
         asyncio.get_event_loop()

@@ -15,9 +15,11 @@ drops those duplicates, so counts in the incident stay what they were.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +34,7 @@ from correlator.models import Incident, Signal
 log = logging.getLogger(__name__)
 
 SEEN_DIGESTS_PER_JOB = 4096
+ENTRY_CACHE_JOBS = 256  # parsed job entries kept by the correlate agent (the most recently written)
 CONTROL_CLOSE = "close"
 
 SIGNALS_APPLIED = Counter("rootrank_signals_applied_total", "signals added to job state, by outcome", ["outcome"])
@@ -78,9 +81,29 @@ class JobEntry:
             partition=data.get("partition"),
         )
 
+    # Each signal's JSON dict from the last to_dict, by identity (signals are frozen): a batch changes
+    # a few of a job's signals, so only those are dumped again.
+    _dumped: dict[int, tuple[Signal, dict[str, Any]]] = field(default_factory=dict, repr=False, compare=False)
+
+    def _state_dict(self) -> dict[str, Any]:
+        state = self.state
+        dumped: dict[int, tuple[Signal, dict[str, Any]]] = {}
+        signals: list[dict[str, Any]] = []
+        for signal in state.signals:
+            cached = self._dumped.get(id(signal))
+            data = cached[1] if cached is not None and cached[0] is signal else signal.model_dump(mode="json", by_alias=True)
+            dumped[id(signal)] = (signal, data)
+            signals.append(data)
+        self._dumped = dumped
+        rest = state.model_dump(mode="json", by_alias=True, exclude={"signals"})
+        out = {"job_id": rest.pop("job_id")}  # the fields in JobState's order, as model_dump gives them
+        out["signals"] = signals
+        out.update(rest)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "state": self.state.model_dump(mode="json", by_alias=True),
+            "state": self._state_dict(),
             "seen": self.seen[-SEEN_DIGESTS_PER_JOB:],
             "open": self.open,
             "last_update": self.state.last_update,
@@ -98,25 +121,47 @@ class Decoded:
     close: bool = False
 
 
-def decode_signal_message(key: bytes | str | None, value: bytes | str | None) -> Decoded | None:
+def decode_signal_messages(key: bytes | str | None, value: bytes | str | None) -> list[Decoded]:
+    """A signals record: one signal, a JSON list of one job's signals (what the match agent sends for
+    a job with several signals in a batch), or a close request. Junk gives [] (logged).
+
+    A signal's replay digest is taken over its own JSON (re-serialized), so a signal re-sent after a
+    crash is recognised whether it came alone or in a list the first time."""
     if value is None:
-        return None
+        return []
     raw = value.encode("utf-8") if isinstance(value, str) else value
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         log.warning("skipping a signals message that is not JSON (%d bytes)", len(raw))
-        return None
-    if not isinstance(data, dict):
-        return None
-    if data.get("control") == CONTROL_CLOSE:
-        return Decoded(job_id=str(data.get("job_id")), close=True)
-    try:
-        signal = Signal.model_validate(data)
-    except ValueError as exc:
-        log.warning("skipping a signals message that is not a Signal: %s", exc)
-        return None
-    return Decoded(job_id=signal.job_id, signal=signal, digest=signal_digest(raw))
+        return []
+    if isinstance(data, dict):
+        if data.get("control") == CONTROL_CLOSE:
+            return [Decoded(job_id=str(data.get("job_id")), close=True)]
+        items = [data]
+    elif isinstance(data, list):
+        items = data
+    else:
+        return []
+    out: list[Decoded] = []
+    for item in items:
+        if not isinstance(item, dict):
+            log.warning("skipping a signals list entry that is not an object")
+            continue
+        try:
+            signal = Signal.model_validate(item)
+        except ValueError as exc:
+            log.warning("skipping a signals message that is not a Signal: %s", exc)
+            continue
+        own = raw if len(items) == 1 and isinstance(data, dict) else orjson.dumps(item)
+        out.append(Decoded(job_id=signal.job_id, signal=signal, digest=signal_digest(own)))
+    return out
+
+
+def decode_signal_message(key: bytes | str | None, value: bytes | str | None) -> Decoded | None:
+    """The first item of `decode_signal_messages` (a record holding one signal or a close request)."""
+    decoded = decode_signal_messages(key, value)
+    return decoded[0] if decoded else None
 
 
 class JobCorrelator:
@@ -187,12 +232,10 @@ class JobCorrelator:
 def _group_by_job(events: Sequence[Any]) -> dict[str, tuple[list[Decoded], int | None]]:
     groups: dict[str, tuple[list[Decoded], int | None]] = {}
     for event in events:
-        decoded = decode_signal_message(event.key, event.value)
-        if decoded is None:
-            continue
-        items, _ = groups.get(decoded.job_id, ([], None))
-        items.append(decoded)
-        groups[decoded.job_id] = (items, event.message.partition)
+        for decoded in decode_signal_messages(event.key, event.value):
+            items, _ = groups.get(decoded.job_id, ([], None))
+            items.append(decoded)
+            groups[decoded.job_id] = (items, event.message.partition)
     return groups
 
 
@@ -239,6 +282,24 @@ def make_correlate_agent(
     the job's signals partition. Yields one summary per batch: signals added, incidents emitted.
     """
 
+    # The entries this agent wrote last, beside the exact dict it stored: while the table still holds
+    # that dict, the entry is reused instead of re-validating the job's whole state on every batch
+    # (a recovered or rebalanced table holds other dicts, which are read afresh). Popped while a
+    # batch changes the entry, so an entry is never reused past a write that did not happen.
+    recent: OrderedDict[bytes, tuple[Any, JobEntry]] = OrderedDict()
+
+    def entry_for(job_id: str, key: bytes) -> JobEntry:
+        data = table.get(key)
+        cached = recent.pop(key, None)
+        if cached is not None and cached[0] is data:
+            return cached[1]
+        return _load_entry(job_id, data)
+
+    def written(key: bytes, data: dict[str, Any], entry: JobEntry) -> None:
+        recent[key] = (data, entry)
+        while len(recent) > ENTRY_CACHE_JOBS:
+            recent.popitem(last=False)
+
     async def correlate(stream: Any) -> AsyncIterator[dict[str, Any]]:
         async for events in stream.take_events(batch_size, within=batch_within_s):
             now = clock()
@@ -246,7 +307,7 @@ def make_correlate_agent(
             emitted: list[str] = []
             for job_id, (items, partition) in _group_by_job(events).items():
                 key = job_id.encode("utf-8")
-                entry = _load_entry(job_id, table.get(key))
+                entry = entry_for(job_id, key)
                 added += correlator.apply(entry, items, now, partition)
                 if any(item.close for item in items) and correlator.is_quiet(entry, now):
                     for incident in _close_safely(correlator, entry, now):
@@ -255,7 +316,9 @@ def make_correlate_agent(
                         INCIDENTS_EMITTED.labels(kind).inc()
                         metrics.count_incident(incident)
                         emitted.append(f"{incident.incident_id}#{incident.revision}")
-                table[key] = entry.to_dict()
+                data = entry.to_dict()
+                table[key] = data
+                written(key, data, entry)
             yield {"signals_added": added, "emitted": emitted}
 
     return app.agent(source, name=name)(correlate)
@@ -279,6 +342,24 @@ def quiet_jobs(table_items: Iterable[tuple[bytes | str, Any]], now: float, quiet
     return out
 
 
+def next_quiet_at(table_items: Iterable[tuple[bytes | str, Any]], now: float, quiet_window_s: float,
+                  active_partitions: set[int] | None) -> float | None:
+    """When the next open window (on partitions this worker owns) goes quiet, if none is quiet yet."""
+    soonest: float | None = None
+    for _job_id, data in table_items:
+        if not isinstance(data, dict) or not data.get("open"):
+            continue
+        if active_partitions is not None and data.get("partition") not in active_partitions:
+            continue
+        last = data.get("last_update")
+        if last is None:
+            continue
+        at = float(last) + quiet_window_s
+        if at > now and (soonest is None or at < soonest):
+            soonest = at
+    return soonest
+
+
 def make_close_timer(
     app: Any,
     table_items: Callable[[], Iterable[tuple[bytes | str, Any]]],
@@ -294,18 +375,37 @@ def make_close_timer(
     `table_items` lists the local table's (key, entry) pairs; `signals_topic` (when given) limits the
     requests to jobs on partitions this worker actively owns (standby copies are skipped)."""
     requested: dict[str, float] = {}
+    wakeup: list[Any] = []  # the pending early run (an asyncio TimerHandle), at most one
 
     async def close_quiet_windows() -> None:
         now = clock()
         actives: set[int] | None = None
         if signals_topic is not None:
             actives = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == signals_topic}
-        for job_id in quiet_jobs(table_items(), now, quiet_window_s, actives):
+        items = list(table_items())
+        for job_id in quiet_jobs(items, now, quiet_window_s, actives):
             # Ask again only if the last request was not handled within a quiet window (e.g. a rebalance).
             if now - requested.get(job_id, 0.0) < max(quiet_window_s, interval_s * 3):
                 continue
             requested[job_id] = now
             await ticks_out.send(key=job_id.encode("utf-8"), value=close_message(job_id, now))
+        # A window that goes quiet before the next tick is asked to close when it does, not up to a
+        # whole tick later (the tick only bounds how long the table goes unchecked).
+        soonest = next_quiet_at(items, now, quiet_window_s, actives)
+        if soonest is not None and soonest - now < interval_s and not wakeup:
+            loop = asyncio.get_running_loop()
+
+            def run_early() -> None:
+                wakeup.clear()
+                task = loop.create_task(close_quiet_windows())
+                task.add_done_callback(_log_failure)
+
+            wakeup.append(loop.call_later(max(0.0, soonest - now) + 0.005, run_early))
 
     app.timer(interval_s, name="close_quiet_windows")(close_quiet_windows)
     return close_quiet_windows
+
+
+def _log_failure(task: Any) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("early close_quiet_windows run failed", exc_info=task.exception())

@@ -11,7 +11,14 @@ import faust
 import orjson
 import pytest
 
-from correlator.agents.match import MatchProcessor, RawMessage, make_match_agent
+from correlator.agents.correlate import decode_signal_messages
+from correlator.agents.match import (
+    MatchProcessor,
+    RawMessage,
+    make_match_agent,
+    signal_messages,
+    signal_to_bytes,
+)
 from correlator.matcher import Matcher
 from correlator.models import Signal
 from correlator.rules import load_ruleset
@@ -68,7 +75,9 @@ def test_good_values_become_signals_keyed_by_job(extractor: SignalExtractor) -> 
         b"plain text line with nothing in it",
     ]
     summaries, signals, dead = asyncio.run(_run_agent(extractor, values))
-    parsed = [Signal.model_validate_json(e.value) for e in signals]
+    # One record per job and batch: the job's signals as a JSON list (a lone signal as itself).
+    parsed = [d.signal for e in signals for d in decode_signal_messages(e.key, e.value)]
+    assert len(signals) == 1 and all(isinstance(s, Signal) for s in parsed)
     assert summaries == [{"read": 3, "processed": 3, "deadletter": 0, "lines": 4, "signals": len(parsed)}]
     assert dead == []
     # Matched lines, plus whatever progress facts the rule library takes from the chatter.
@@ -118,3 +127,38 @@ def test_dead_letter_raw_bytes_are_capped_to_fit_a_message(extractor: SignalExtr
     (letter,) = out.dead_letters
     assert letter["reason"] == "too_large" and letter["size"] == 400 and letter["raw_truncated"] is True
     assert base64.b64decode(letter["raw_b64"]) == b"y" * 150
+
+
+def test_signal_records_group_a_jobs_signals_and_keep_replay_digests(extractor: SignalExtractor) -> None:
+    value = encode_batch([(None, None, f"[rank{r}]: {OOM}") for r in range(3)], job_id="j")
+    other = encode_batch([(None, None, f"[rank7]: {OOM}")], job_id="k")
+    out = MatchProcessor(extractor).process([RawMessage(value, "rootrank.logs", 0, 1), RawMessage(other, "rootrank.logs", 0, 2)])
+    records = signal_messages(out.signals)
+    assert [key for key, _ in records] == [b"j", b"k"]
+    assert isinstance(orjson.loads(records[0][1]), list) and isinstance(orjson.loads(records[1][1]), dict)
+    listed = [d for key, value in records for d in decode_signal_messages(key, value)]
+    assert [d.signal for d in listed] == out.signals
+    # The same signals sent one by one (as a replay after a crash might) have the same digests.
+    alone = [decode_signal_messages(s.job_id.encode(), signal_to_bytes(s))[0] for s in out.signals]
+    assert [d.digest for d in alone] == [d.digest for d in listed]
+    # A record too big for one message is split, in order.
+    split = signal_messages(out.signals, max_bytes=1)
+    assert [d.signal for key, value in split for d in decode_signal_messages(key, value)] == out.signals
+
+
+def test_job_entry_dict_is_the_state_dump_also_when_reused(extractor: SignalExtractor) -> None:
+    from correlator.agents.correlate import JobEntry
+
+    values = [encode_batch([(1773480400.0 + i, "stderr", f"[rank{r}]: step {i} loss 2.3 grad_norm {i}.5") for r in range(4)]
+                           + [(1773480400.0 + i, "stderr", f"[rank{i}]: {OOM}")], job_id="j", offset=i * 5)
+              for i in range(3)]
+    entry = JobEntry.from_dict("j", None)
+    for i, value in enumerate(values):
+        out = MatchProcessor(extractor).process([RawMessage(value, "rootrank.logs", 0, i)])
+        for key, record in signal_messages(out.signals):
+            for decoded in decode_signal_messages(key, record):
+                entry.state.add(decoded.signal, 100.0 + i)
+        data = entry.to_dict()
+        assert data["state"] == entry.state.model_dump(mode="json", by_alias=True)
+        assert list(data["state"]) == list(entry.state.model_dump(mode="json", by_alias=True))
+    assert JobEntry.from_dict("j", data).state.model_dump() == entry.state.model_dump()

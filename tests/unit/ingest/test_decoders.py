@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
-from ingest.decoders import DecodeError, RawRecord, decode_value, job_id_for, to_event
+from ingest.decoders import DecodeError, RawRecord, decode_lines, decode_value, job_id_for, to_event
 from ingest.event import MAX_LINE_CHARS, LogEvent
 from ingest.prefixes import Identity
 from ingest.ship_format import MAX_BATCH_BYTES, encode_batch, encode_batches
@@ -702,3 +702,31 @@ def test_to_event_caps_the_line_length() -> None:
 def test_to_event_carries_the_decoder_truncation_flag() -> None:
     [record] = decode_value(b"z" * 100, max_line_bytes=50)
     assert to_event(record).truncated is True
+
+
+@pytest.mark.parametrize("value", [
+    encode_batch([(1714564800.5, "stderr", "a\r"), (None, None, "  "), (1714564801.0, "", "[rank3]: x"),
+                  (1e9, "stdout", ""), (1714564802.0, None, "tail")], job_id="j", rank=1, offset=5, labels={"a": "b"}),
+    encode_batch([(1714564800.5, "stderr", "é ü"), (None, None, "\u2603")], host="h", pid=3),
+    encode_batch([(1714564800.5, "stderr", "two\nlines"), (None, None, "b")]),
+    encode_batch([(1714564800.5, "stderr", "a" * 20000)]),
+    dumps({"v": 1, "source": "rootrank", "lines": [[1.0, "stderr", "a"], [None, None, 5]]}),
+    dumps({"v": 1, "source": "rootrank", "lines": [[1.0, "stderr", "a"], "abc"]}),
+    dumps({"v": 1, "source": "rootrank", "lines": [[1.0, "stderr", "a", 4]]}),
+    dumps({"v": 1, "source": "rootrank", "lines": [[True, "x", "a"]]}),
+    dumps({"v": 2, "source": "rootrank", "lines": [[1.0, "x", "a"]]}),
+    dumps({"v": 1, "source": "rootrank", "rank": "x", "lines": [[1.0, "x", "a"]]}),
+    dumps({"v": 1, "source": "rootrank", "lines": []}),
+    dumps({"log": "[rank5]: hello\n", "kubernetes": {"host": "n1"}}),
+])
+def test_decode_lines_is_decode_value_with_records_on_demand(value: bytes) -> None:
+    try:
+        eager = decode_value(value, received_ts=RECEIVED)
+    except DecodeError as exc:
+        with pytest.raises(DecodeError) as lazy_exc:
+            decode_lines(value, received_ts=RECEIVED)
+        assert lazy_exc.value.reason == exc.reason
+        return
+    lazy = decode_lines(value, received_ts=RECEIVED)
+    assert lazy.texts == [r.text for r in eager]
+    assert [lazy.record(i) for i in reversed(range(len(lazy)))][::-1] == eager
