@@ -6,7 +6,9 @@
   4. state        1,000 jobs x 64 ranks: RSS, and correlation cost vs lines (bench_state)
   5. offline      `rootrank diagnose` MB/s vs grep on the same file (bench_matcher, same run as 1)
 
-The machine is shared and noisy: compare ratios, not absolute numbers, between runs.
+Each benchmark runs in a process of its own, so one's memory (the 1 GB log, a fork pool) never shows
+in another's figures (the state benchmark measures RSS). The machine is shared and noisy: compare
+ratios, not absolute numbers, between runs.
 `--quick` runs every benchmark at a seconds-long size (a smoke run, figures not meaningful);
 `--only NAME[,NAME]` picks benchmarks.
 
@@ -16,6 +18,7 @@ Run: python -m benchmarks.run [--quick] [--only matcher,state]
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 import traceback
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke run of each benchmark")
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     names = list(BENCHMARKS) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in BENCHMARKS]
@@ -67,14 +71,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown benchmark(s): {', '.join(unknown)}")
     failed = []
     for name in names:
-        print(f"\n=== {name}{' (quick)' if args.quick else ''} ===", flush=True)
+        if not args.in_process:
+            print(f"\n=== {name}{' (quick)' if args.quick else ''} ===", flush=True)
         t = time.perf_counter()
-        try:
-            BENCHMARKS[name](args.quick)
-        except Exception:  # noqa: BLE001  (one broken benchmark must not hide the others' figures)
-            traceback.print_exc()
-            failed.append(name)
-        print(f"=== {name}: {time.perf_counter() - t:.0f}s ===", flush=True)
+        if args.in_process or len(names) == 1:
+            try:
+                BENCHMARKS[name](args.quick)
+            except Exception:  # noqa: BLE001  (one broken benchmark must not hide the others' figures)
+                traceback.print_exc()
+                failed.append(name)
+        else:
+            own = [sys.executable, "-m", "benchmarks.run", "--only", name, "--in-process", *(["--quick"] if args.quick else [])]
+            if subprocess.run(own, check=False).returncode != 0:
+                failed.append(name)
+        if not args.in_process:
+            print(f"=== {name}: {time.perf_counter() - t:.0f}s ===", flush=True)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
