@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections import Counter
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -204,8 +205,10 @@ def test_rebalances_mid_stream_a_worker_joins_then_one_is_killed(tansu_broker: B
         producer = KafkaProducer(bootstrap_servers=str(tansu_broker), acks="all", linger_ms=5)
 
         def batches(part: int) -> list[tuple[bytes, bytes]]:
-            """One third of every stream, in order per stream."""
-            return [(key, m) for key, messages in thirds[part] for m in messages]
+            """One third of every stream, in order per stream, the streams interleaved: any stretch of
+            it reaches every job's partition, so both workers get lines whenever a stretch is sent."""
+            rounds = zip_longest(*[[(key, m) for m in messages] for key, messages in thirds[part]])
+            return [item for batch in rounds for item in batch if item is not None]
 
         def processed(worker: WorkerProcess) -> float:
             return worker.metrics().get(raw, 0)
