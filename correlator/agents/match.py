@@ -388,7 +388,7 @@ def make_match_agent(
     *,
     batch_size: int,
     batch_within_s: float,
-    scan_max_bytes: int = 4 * 1024 * 1024,
+    scan_max_bytes: int = 16 * 1024 * 1024,
     name: str = "match",
 ) -> Any:
     """Register the agent on `app`. `source`/`*_out` are faust channels: topics in production,
