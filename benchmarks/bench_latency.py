@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import orjson
 import yaml
 
 from benchmarks.common import fluentbit_value, stop_cleanly_on_sigterm
+from correlator.embedded import stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 SLACK_S = 2.0
@@ -244,13 +244,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     finally:
         watcher.stop_event.set()
         for proc in (sink, worker):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+            if proc is not None:
+                stop_process(proc, timeout=60)
         es.close()
         receiver.stop()
         es_server.stop()

@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from correlator.config import Settings
 
@@ -102,6 +102,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+    """Signal a child (if it still runs), wait up to `timeout`, then SIGKILL it; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+    return proc.returncode
+
+
 @dataclass
 class ManagedProcess:
     """A server process we started, in its own session (stopping it never reaches our process group),
@@ -140,12 +152,7 @@ class ManagedProcess:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
+        stop_process(proc, signal.SIGKILL if kill else signal.SIGTERM, timeout)
         deadline = time.monotonic() + timeout
         while gone is not None and not gone() and time.monotonic() < deadline:
             time.sleep(0.05)

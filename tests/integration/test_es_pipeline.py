@@ -5,7 +5,6 @@ noida-db's Elasticsearch API; the failure is a simulated multi-rank job with a k
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import yaml
 from elasticsearch import Elasticsearch
 
 from correlator.cli import main
+from correlator.embedded import stop_process
 from correlator.models import Incident
 from correlator.sinks.elasticsearch import doc_to_incident, incidents_names, signals_names
 from tests.fixtures.elasticsearch import ElasticsearchServer
@@ -111,11 +111,6 @@ def test_incidents_from_the_streaming_pipeline_are_searchable(
               f"{truth['initiator']['rank']} on {truth['initiator']['host']}); first searchable {latency_s:.1f} s "
               f"after the test started; {matched} matched lines indexed")
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(60)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait(10)
+        stop_process(worker, timeout=60)
         es.close()
     assert worker.returncode == 0, log.read_text(errors="replace")[-3000:]

@@ -4,7 +4,6 @@ sends to the logs topic of a real broker; what arrives decodes into the lines th
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from correlator.config import Settings
+from correlator.embedded import stop_process
 from ingest.decoders import decode_value, to_event
 from tests.fixtures.kafka import BrokerAddress, create_topics, read_topic
 
@@ -57,12 +57,7 @@ def test_rsyslog_config_delivers_training_lines_to_the_logs_topic(noida_kafka: B
                 f.write(line + "\n")
         records = read_topic(str(noida_kafka), topic, expect=len(LINES), timeout=30)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, timeout=15)
     assert len(records) == len(LINES), (tmp_path / "rsyslogd.out").read_text(errors="replace")
     decoded = [r for rec in records for r in decode_value(rec.value)]
     assert [r.source for r in decoded] == ["rsyslog"] * len(LINES)

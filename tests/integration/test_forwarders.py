@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from datetime import UTC, datetime, timedelta
@@ -21,6 +20,7 @@ from typing import Any
 import orjson
 import pytest
 
+from correlator.embedded import stop_process
 from ingest.decoders import decode_value, to_event
 from tests.fixtures.kafka import Pipeline
 
@@ -83,12 +83,7 @@ def test_rsyslog_omkafka_lines_are_decoded_and_correlated(noida_pipeline: Pipeli
                 f.write(line + "\n")
         (incident,) = noida_pipeline.incidents(job, timeout=60)
     finally:
-        rsyslog.send_signal(signal.SIGTERM)
-        try:
-            rsyslog.wait(10)
-        except subprocess.TimeoutExpired:
-            rsyslog.kill()
-            rsyslog.wait(10)
+        stop_process(rsyslog)
     assert incident["class"] == "cuda_oom"
     assert (incident["initiator"]["rank"], incident["initiator"]["host"]) == (3, hostname)
     collateral = {c["class"]: c for c in incident["collateral"]}

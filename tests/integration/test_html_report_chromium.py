@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from correlator.embedded import stop_process
 from correlator.models import CollateralEntry, Evidence, Incident, Initiator, Signal
 from correlator.report_html import render_incident_html
 
@@ -89,13 +90,7 @@ class Browser:
         self.port = int(port_file.read_text().splitlines()[0])
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         if self.proc.stderr:
             self.proc.stderr.close()
 

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from correlator import cli
+from correlator.embedded import stop_process
 from correlator.models import Incident
 from correlator.webhooks.receivers.generic_json import generate_secret
 from tests.fixtures.http_receiver import HttpReceiver
@@ -67,12 +68,7 @@ class SinkWorker:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc, signal.SIGKILL if kill else signal.SIGTERM, timeout=60)
 
     def api(self, method: str, job_id: str, body: Any = None, *, token: str | None = TOKEN) -> tuple[int, Any]:
         headers = {"Content-Type": "application/json"}
