@@ -20,7 +20,7 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,40 +324,34 @@ def make_correlate_agent(
     return app.agent(source, name=name)(correlate)
 
 
-def quiet_jobs(table_items: Iterable[tuple[bytes | str, Any]], now: float, quiet_window_s: float,
-               active_partitions: set[int] | None) -> list[str]:
-    """Jobs with an open window and no new signal for `quiet_window_s`, on partitions this worker owns.
+def _open_windows(table_items: Iterable[tuple[bytes | str, Any]],
+                  active_partitions: set[int] | None) -> Iterator[tuple[str, float | None]]:
+    """(job id, last update) of each open window on partitions this worker owns.
 
     Reads only the small bookkeeping fields of each entry (the table holds plain dicts in memory).
     """
-    out: list[str] = []
     for job_id, data in table_items:
         if not isinstance(data, dict) or not data.get("open"):
             continue
         if active_partitions is not None and data.get("partition") not in active_partitions:
             continue
         last = data.get("last_update")
-        if last is None or now - float(last) >= quiet_window_s:
-            out.append(job_id.decode("utf-8") if isinstance(job_id, bytes) else job_id)
-    return out
+        yield (job_id.decode("utf-8") if isinstance(job_id, bytes) else job_id), (None if last is None else float(last))
+
+
+def quiet_jobs(table_items: Iterable[tuple[bytes | str, Any]], now: float, quiet_window_s: float,
+               active_partitions: set[int] | None) -> list[str]:
+    """Jobs with an open window and no new signal for `quiet_window_s`, on partitions this worker owns."""
+    return [job for job, last in _open_windows(table_items, active_partitions)
+            if last is None or now - last >= quiet_window_s]
 
 
 def next_quiet_at(table_items: Iterable[tuple[bytes | str, Any]], now: float, quiet_window_s: float,
                   active_partitions: set[int] | None) -> float | None:
     """When the next open window (on partitions this worker owns) goes quiet, if none is quiet yet."""
-    soonest: float | None = None
-    for _job_id, data in table_items:
-        if not isinstance(data, dict) or not data.get("open"):
-            continue
-        if active_partitions is not None and data.get("partition") not in active_partitions:
-            continue
-        last = data.get("last_update")
-        if last is None:
-            continue
-        at = float(last) + quiet_window_s
-        if at > now and (soonest is None or at < soonest):
-            soonest = at
-    return soonest
+    coming = [last + quiet_window_s for _job, last in _open_windows(table_items, active_partitions)
+              if last is not None and last + quiet_window_s > now]
+    return min(coming, default=None)
 
 
 def make_close_timer(

@@ -19,6 +19,7 @@ from correlator.agents.correlate import (
     JobCorrelator,
     close_message,
     make_correlate_agent,
+    next_quiet_at,
     quiet_jobs,
 )
 from correlator.agents.match import signal_to_bytes
@@ -176,6 +177,9 @@ def test_quiet_jobs_skips_open_windows_still_active_and_other_partitions() -> No
     ]
     assert quiet_jobs(entries, now=120.0, quiet_window_s=5.0, active_partitions={1}) == ["quiet"]
     assert sorted(quiet_jobs(entries, now=120.0, quiet_window_s=5.0, active_partitions=None)) == ["quiet", "standby-copy"]
+    # The next window to go quiet is the busy one's, at its last update + the window; none after that.
+    assert next_quiet_at(entries, now=120.0, quiet_window_s=5.0, active_partitions={1}) == 123.0
+    assert next_quiet_at(entries, now=124.0, quiet_window_s=5.0, active_partitions={1}) is None
 
 
 def test_engine_clock_follows_event_time_for_replayed_logs(ruleset: RuleSet, extractor: SignalExtractor) -> None:
