@@ -259,43 +259,32 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
     try:
         with tansu_broker(workdir) as broker:
+            def scenario(name: str, values: list[tuple[bytes | None, bytes]], lines: list[str], compression: str | None,
+                         target: str, met: Any, **processor: Any) -> None:
+                log_bytes = text_bytes(lines)
+                r = run_scenario(broker, workdir, name, values, len(lines), log_bytes, compression=compression,
+                                 timeout=args.timeout, producer_batch=args.producer_batch,
+                                 worker_profile=args.worker_profile,
+                                 worker_settings=dict(item.split("=", 1) for item in args.set))
+                cpu, plines, prof = processor_rate(values, profile=args.profile, **processor)
+                r["processor_lines_per_cpu_s"] = plines / cpu
+                r["processor_mib_per_cpu_s"] = plines / cpu * log_bytes / len(lines) / MiB
+                r["worker_vs_processor"] = r["worker_lines_per_cpu_s"] / r["processor_lines_per_cpu_s"]
+                if args.worker_profile is not None:
+                    print_worker_profile(args.worker_profile.with_name(f"{args.worker_profile.name}.{name}"))
+                report(name, r, target, met(r))
+                if prof:
+                    print(prof)
+                results[name] = r
+
             if args.only in (None, "ship"):
                 lines = synthetic_lines(int(args.size_mb * MiB))
-                values: list[tuple[bytes | None, bytes]] = list(
-                    ship_values(lines, batch_bytes=16 * 1024 if args.quick else 256 * 1024))
-                log_bytes = text_bytes(lines)
-                r = run_scenario(broker, workdir, "ship", values, len(lines), log_bytes, compression="lz4",
-                                 timeout=args.timeout, producer_batch=args.producer_batch,
-                                 worker_profile=args.worker_profile,
-                                 worker_settings=dict(item.split("=", 1) for item in args.set))
-                cpu, plines, prof = processor_rate(values, profile=args.profile)
-                r["processor_lines_per_cpu_s"] = plines / cpu
-                r["processor_mib_per_cpu_s"] = plines / cpu * log_bytes / len(lines) / MiB
-                r["worker_vs_processor"] = r["worker_lines_per_cpu_s"] / r["processor_lines_per_cpu_s"]
-                if args.worker_profile is not None:
-                    print_worker_profile(args.worker_profile.with_name(f"{args.worker_profile.name}.ship"))
-                report("ship", r, f">= {TARGET_SHIP_MIB_S:g} MiB/s", r["worker_mib_s"] >= TARGET_SHIP_MIB_S)
-                if prof:
-                    print(prof)
-                results["ship"] = r
+                scenario("ship", list(ship_values(lines, batch_bytes=16 * 1024 if args.quick else 256 * 1024)), lines,
+                         "lz4", f">= {TARGET_SHIP_MIB_S:g} MiB/s", lambda r: r["worker_mib_s"] >= TARGET_SHIP_MIB_S)
             if args.only in (None, "fluentbit"):
                 lines = synthetic_lines(args.fb_lines * 130, seed=2)[: args.fb_lines]
-                values = fluentbit_values(lines)
-                log_bytes = text_bytes(lines)
-                r = run_scenario(broker, workdir, "fluentbit", values, len(lines), log_bytes, compression=None,
-                                 timeout=args.timeout, producer_batch=args.producer_batch,
-                                 worker_profile=args.worker_profile,
-                                 worker_settings=dict(item.split("=", 1) for item in args.set))
-                cpu, plines, prof = processor_rate(values, profile=args.profile, max_values_bytes=8 * MiB)
-                r["processor_lines_per_cpu_s"] = plines / cpu
-                r["processor_mib_per_cpu_s"] = plines / cpu * log_bytes / len(lines) / MiB
-                r["worker_vs_processor"] = r["worker_lines_per_cpu_s"] / r["processor_lines_per_cpu_s"]
-                if args.worker_profile is not None:
-                    print_worker_profile(args.worker_profile.with_name(f"{args.worker_profile.name}.fluentbit"))
-                report("fluentbit", r, f">= {TARGET_FB_LINES_S:,.0f} lines/s", r["worker_lines_s"] >= TARGET_FB_LINES_S)
-                if prof:
-                    print(prof)
-                results["fluentbit"] = r
+                scenario("fluentbit", fluentbit_values(lines), lines, None, f">= {TARGET_FB_LINES_S:,.0f} lines/s",
+                         lambda r: r["worker_lines_s"] >= TARGET_FB_LINES_S, max_values_bytes=8 * MiB)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     sys.stdout.flush()
