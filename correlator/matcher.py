@@ -256,8 +256,23 @@ class Matcher:
         if not lines:
             return []
         buf = b"\n".join(lines)
+        if buf.count(b"\n") == len(lines) - 1:
+            return self.scan_joined(buf)
+        # A line holds a newline itself: index by the lines' start offsets.
         starts = [0, *accumulate(len(line) + 1 for line in lines)]
         return [(bisect_right(starts, hit.start) - 1, hit) for hit in self.scan_buffer(buf)]
+
+    def scan_joined(self, buf: bytes) -> list[tuple[int, Hit]]:
+        """Hits for lines joined with newlines, none holding one itself: (line index, hit). A hit's
+        index is the number of newlines before it, counted on from the previous hit (hits come in
+        buffer order), so no per-line offsets are built."""
+        out: list[tuple[int, Hit]] = []
+        index = previous = 0
+        for hit in self.scan_buffer(buf):
+            index += buf.count(b"\n", previous, hit.start)
+            previous = hit.start
+            out.append((index, hit))
+        return out
 
     def extract(self, rule_index: int, text: str) -> dict[str, str]:
         """Named groups of the rule's patterns and `extract` regexes found in one line."""

@@ -125,26 +125,15 @@ class SignalExtractor:
         return float("inf") if math.isnan(value) else value  # nan/inf are abnormal by themselves: keep them
 
     def _scan_texts(self, texts: Sequence[str]) -> list[tuple[int, Hit]]:
-        """`Matcher.scan_lines` over the texts: joined, encoded and scanned once; (line index, hit).
-
-        When no text holds a newline, a hit's line is the number of newlines before it, counted
-        incrementally over the hits (they come in buffer order), so no line is encoded on its own."""
+        """`Matcher.scan_lines` over the texts, encoded once as one joined buffer: (line index, hit)."""
         if not texts:
             return []
         joined = "\n".join(texts)
         if joined.count("\n") == len(texts) - 1:
             try:
-                buf = joined.encode("utf-8")
+                return self.matcher.scan_joined(joined.encode("utf-8"))
             except UnicodeEncodeError:  # lone surrogates: encoded line by line with replacement below
                 pass
-            else:
-                out: list[tuple[int, Hit]] = []
-                index = previous = 0
-                for hit in self.matcher.scan_buffer(buf):
-                    index += buf.count(b"\n", previous, hit.start)
-                    previous = hit.start
-                    out.append((index, hit))
-                return out
         return self.matcher.scan_lines([t.encode("utf-8", "replace") for t in texts])
 
     def from_texts(
