@@ -22,7 +22,7 @@ import orjson
 from ingest import timestamps as tsu
 from ingest.event import MAX_LINE_CHARS, LogEvent
 from ingest.prefixes import Identity, parse_prefixes
-from ingest.ship_format import ShipFormatError, is_ship_batch, parse_batch
+from ingest.ship_format import ShipBatch, ShipFormatError, is_ship_batch, parse_batch
 
 __all__ = ["DecodeError", "DecodedLines", "RawRecord", "decode_lines", "decode_value", "job_id_for", "to_event"]
 
@@ -370,24 +370,29 @@ def _decode_ship(obj: dict[str, Any], received_ts: datetime | None, max_line_byt
         raise DecodeError(exc.reason, str(exc)) from None
     out: list[RawRecord] = []
     for index, (ts, stream, text) in enumerate(batch.lines):
-        rec = RawRecord(
-            text="",
-            source="rootrank",
-            host=batch.host,
-            job_id=batch.job_id,
-            file=batch.file,
-            stream=stream,
-            rank=batch.rank,
-            local_rank=batch.local_rank,
-            pid=batch.pid,
-            attempt=batch.attempt,
-            ts=tsu.parse_any(ts) if ts is not None else None,
-            received_ts=received_ts,
-            labels=batch.labels,
-            offset=batch.offset + index if batch.offset is not None else None,
-        )
-        out.extend(_records_from_text(text, rec, max_line_bytes))
+        out.extend(_records_from_text(text, _ship_record(batch, index, ts, stream, "", received_ts), max_line_bytes))
     return out
+
+
+def _ship_record(batch: ShipBatch, position: int, ts: float | None, stream: str | None, text: str,
+                 received_ts: datetime | None) -> RawRecord:
+    """The record of line `position` of a ship batch: the batch's identity, the line's time and stream."""
+    return RawRecord(
+        text=text,
+        source="rootrank",
+        host=batch.host,
+        job_id=batch.job_id,
+        file=batch.file,
+        stream=stream or None,
+        rank=batch.rank,
+        local_rank=batch.local_rank,
+        pid=batch.pid,
+        attempt=batch.attempt,
+        ts=tsu.parse_any(float(ts)) if ts is not None else None,
+        received_ts=received_ts,
+        labels=dict(batch.labels),
+        offset=batch.offset + position if batch.offset is not None else None,
+    )
 
 
 class DecodedLines:
@@ -467,23 +472,7 @@ def _ship_lines(obj: dict[str, Any], received_ts: datetime | None, max_line_byte
 
     def make(i: int) -> RawRecord:
         j = index[i] if index is not None else i
-        ts = ts_col[j]
-        return RawRecord(
-            text=texts[i],
-            source="rootrank",
-            host=batch.host,
-            job_id=batch.job_id,
-            file=batch.file,
-            stream=stream_col[j] or None,
-            rank=batch.rank,
-            local_rank=batch.local_rank,
-            pid=batch.pid,
-            attempt=batch.attempt,
-            ts=tsu.parse_any(float(ts)) if ts is not None else None,
-            received_ts=received_ts,
-            labels=dict(batch.labels),
-            offset=batch.offset + j if batch.offset is not None else None,
-        )
+        return _ship_record(batch, j, ts_col[j], stream_col[j], texts[i], received_ts)
 
     return DecodedLines(texts, make=make)
 
