@@ -85,6 +85,24 @@ class Metric(BaseModel):
     min_points: int = Field(default=3, ge=2)
 
 
+class SourceRef(BaseModel):
+    """Where the message is emitted: a repository file (the code that raises or logs it) or a vendor doc."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    repo: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+    path: str | None = Field(default=None, min_length=1)
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    versions: str | None = Field(default=None, description="the releases that print this wording, e.g. '>=2.2'")
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _repo_file_or_url(self) -> SourceRef:
+        if self.url is None and (self.repo is None or self.path is None):
+            raise ValueError("a source is `repo` and `path` of the code that emits the message, or a vendor doc `url`")
+        return self
+
+
 class Rule(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -99,6 +117,14 @@ class Rule(BaseModel):
     caseless: bool = False
     extract: list[str] = Field(default_factory=list)
     explains: list[str] = Field(default_factory=list)
+    explains_within_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "how long after this rule's signal an explained signal may come and still be its consequence; "
+            "default: the logged collective timeout, else the engine's default horizon"
+        ),
+    )
     confidence: float = Field(default=0.8, ge=0.0, le=1.0)
     sequence: Sequence_ | None = None
     absence: Absence | None = None
@@ -107,6 +133,7 @@ class Rule(BaseModel):
     fix: list[str] = Field(default_factory=list)
     verify: list[str] = Field(default_factory=list)
     references: list[str] = Field(default_factory=list)
+    source: list[SourceRef] = Field(default_factory=list)
     examples: Examples
     version: int = Field(default=1, ge=1)
     tags: list[str] = Field(default_factory=list)
