@@ -24,7 +24,7 @@ unit: install
 	$(PY) -m pytest -q tests/unit
 
 demo: install
-	$(PY) -m correlator.demo
+	$(PY) -m correlator.tooling.demo
 
 bench: install
 	$(PY) -m benchmarks.run

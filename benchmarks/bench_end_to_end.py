@@ -66,9 +66,9 @@ def processor_rate(values: list[tuple[bytes | None, bytes]], *, profile: bool, b
                    max_values_bytes: int = 32 * MiB) -> tuple[float, int, str]:
     """The match agent's work in this process over (a prefix of) the values, in the agent's batch size:
     (CPU seconds, lines, top of the profile or "")."""
-    from correlator.agents.match import MatchProcessor, RawMessage
-    from correlator.rules import load_ruleset
-    from correlator.signals import SignalExtractor
+    from correlator.diagnosis.rules import load_ruleset
+    from correlator.diagnosis.signals import SignalExtractor
+    from correlator.stream.agents.match import MatchProcessor, RawMessage
 
     processor = MatchProcessor(SignalExtractor(load_ruleset()))
     taken: list[RawMessage] = []

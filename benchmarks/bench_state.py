@@ -114,10 +114,10 @@ class Parts:
 
     @classmethod
     def build(cls) -> Parts:
-        from correlator.agents.correlate import JobCorrelator
-        from correlator.engine import Engine
-        from correlator.rules import load_ruleset
-        from correlator.signals import SignalExtractor
+        from correlator.diagnosis.engine import Engine
+        from correlator.diagnosis.rules import load_ruleset
+        from correlator.diagnosis.signals import SignalExtractor
+        from correlator.stream.agents.correlate import JobCorrelator
 
         ruleset = load_ruleset()
         extractor = SignalExtractor(ruleset)
@@ -127,8 +127,8 @@ class Parts:
 
 def run(parts: Parts, jobs: int, ranks: int, lines_per_job: int, *, sample_rss: bool = True,
         silent: bool = False) -> RunResult:
-    from correlator.agents.correlate import Decoded, JobEntry, signal_digest
-    from correlator.agents.match import signal_to_bytes
+    from correlator.stream.agents.correlate import Decoded, JobEntry, signal_digest
+    from correlator.stream.agents.match import signal_to_bytes
 
     extractor, correlator = parts.extractor, parts.correlator
     pool = parts.silent_pool if silent else parts.pool

@@ -94,7 +94,7 @@ def ship_values(lines: list[str], *, jobs: int = 8, streams_per_job: int = 8, ba
                 t0: float | None = None) -> list[tuple[bytes, bytes]]:
     """(key, value) pairs as `rootrank ship` sends them: each message holds consecutive lines of one
     stream (one rank's stdout) up to `batch_bytes` (ShipOptions.batch_max_bytes), with read times."""
-    from ingest.ship_format import encode_batch
+    from ingest.ship.wire_format import encode_batch
 
     t0 = time.time() - 600 if t0 is None else t0
     out: list[tuple[bytes, bytes]] = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from correlator.rules import load_ruleset
+from correlator.diagnosis.rules import load_ruleset
 
 CHATTER = [
     "[rank{r}]:[I{md} {hms}.{us} train.py:412] step {s} loss {loss:.4f} lr 3.0e-04 grad_norm {g:.3f} tokens/s 41234",

@@ -6,14 +6,13 @@ Each section belongs to one part of the pipeline; defaults are the embedded loca
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from correlator.webhooks.policy import RetryPolicy
 
 
 class KafkaSettings(BaseModel):
@@ -108,6 +107,22 @@ class ElasticsearchSettings(BaseModel):
     rollover_max_primary_shard_size: str | None = "50gb"
     rollover_max_docs: int | None = None
     kibana_url: str | None = Field(default=None, description="`rootrank setup` imports the saved objects here")
+
+
+class RetryPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_attempts: int = Field(default=12, ge=1)
+    initial_backoff_s: float = Field(default=1.0, gt=0)
+    max_backoff_s: float = Field(default=60.0, gt=0)
+    budget_s: float = Field(default=600.0, gt=0, description="give up (dead-letter) after this long")
+    timeout_s: float = Field(default=10.0, gt=0, description="one attempt, connect to last byte")
+    max_retry_after_s: float = Field(default=300.0, ge=0, description="a longer Retry-After is dead-lettered")
+
+    def backoff(self, attempt: int, rng: random.Random) -> float:
+        """Wait after failed attempt number `attempt` (1-based)."""
+        ceiling = min(self.max_backoff_s, self.initial_backoff_s * (2 ** (attempt - 1)))
+        return float(ceiling / 2 + rng.uniform(0, ceiling / 2))
 
 
 class WebhookSettings(BaseModel):

@@ -22,7 +22,7 @@ import orjson
 from ingest import timestamps as tsu
 from ingest.event import MAX_LINE_CHARS, LogEvent
 from ingest.prefixes import Identity, parse_prefixes
-from ingest.ship_format import ShipBatch, ShipFormatError, is_ship_batch, parse_batch
+from ingest.ship.wire_format import ShipBatch, ShipFormatError, is_ship_batch, parse_batch
 
 __all__ = ["DecodeError", "DecodedLines", "RawRecord", "decode_lines", "decode_value", "job_id_for", "to_event"]
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from correlator.corpus_score import score_corpus, summary
+from correlator.offline.corpus_score import score_corpus, summary
 
 
 def main() -> int:

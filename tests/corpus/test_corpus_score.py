@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from correlator.corpus_score import initiator_matches, score_corpus, summary
+from correlator.offline.corpus_score import score_corpus, summary
 
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from correlator.models import CollateralEntry, Evidence, Incident, Initiator, Signal
+from correlator.diagnosis.models import CollateralEntry, Evidence, Incident, Initiator, Signal
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -16,10 +16,10 @@ from elasticsearch import Elasticsearch
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient
 
-from correlator.agents.es_sink import ES_SINK_ROLE, SinkLoop, build_loops, incidents_group
 from correlator.config import Settings
-from correlator.models import Incident
-from correlator.sinks.elasticsearch import incidents_names, install_templates
+from correlator.diagnosis.models import Incident
+from correlator.sinks.elasticsearch.agent import ES_SINK_ROLE, SinkLoop, build_loops, incidents_group
+from correlator.sinks.elasticsearch.store import incidents_names, install_templates
 from tests.fixtures.elasticsearch import ElasticsearchServer
 from tests.fixtures.kafka import BrokerAddress, create_topics, read_topic, wait_for
 from tests.integration.es_support import make_incident

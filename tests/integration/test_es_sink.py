@@ -4,8 +4,8 @@ bulk writes, revisions across rollovers, search helpers and the `incidents` / `s
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +13,8 @@ from elasticsearch import Elasticsearch
 
 from correlator.cli import main
 from correlator.config import Settings
-from correlator.search import IncidentFilter, repeat_offenders, search_incidents
-from correlator.sinks.elasticsearch import (
+from correlator.sinks.elasticsearch.search import IncidentFilter, repeat_offenders, search_incidents
+from correlator.sinks.elasticsearch.store import (
     BulkWriter,
     IndexRequest,
     doc_to_incident,

@@ -24,11 +24,11 @@ import yaml
 from elasticsearch import Elasticsearch
 
 from correlator.cli import main
-from correlator.diagnose import diagnose_paths
-from correlator.rules import load_ruleset
-from correlator.simulate import log_paths, simulate
-from correlator.sinks.elasticsearch import incidents_names
-from correlator.webhooks.receivers.generic_json import generate_secret
+from correlator.diagnosis.rules import load_ruleset
+from correlator.offline.diagnose import diagnose_paths
+from correlator.sinks.elasticsearch.store import incidents_names
+from correlator.sinks.webhooks.receivers.generic_json import generate_secret
+from correlator.tooling.simulate import log_paths, simulate
 from tests.fixtures.elasticsearch import ElasticsearchServer
 from tests.fixtures.http_receiver import HttpReceiver
 from tests.fixtures.kafka import (

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from correlator.simulate import log_paths, simulate
+from correlator.tooling.simulate import log_paths, simulate
 from tests.fixtures.kafka import (
     REPO,
     BrokerAddress,

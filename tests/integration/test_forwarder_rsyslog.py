@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from correlator.config import Settings
-from correlator.embedded import stop_process
+from correlator.tooling.embedded import stop_process
 from ingest.decoders import decode_value, to_event
 from tests.fixtures.kafka import BrokerAddress, create_topics, read_topic
 

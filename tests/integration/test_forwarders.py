@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import pytest
 
-from correlator.embedded import stop_process
+from correlator.tooling.embedded import stop_process
 from ingest.decoders import decode_value, to_event
 from tests.fixtures.kafka import Pipeline
 

@@ -23,9 +23,9 @@ import orjson
 import pytest
 from kafka import KafkaProducer
 
-from correlator.models import MAX_EVIDENCE_LINE
-from correlator.rules import load_ruleset
-from ingest.ship_format import encode_batch
+from correlator.diagnosis.models import MAX_EVIDENCE_LINE
+from correlator.diagnosis.rules import load_ruleset
+from ingest.ship.wire_format import encode_batch
 from tests.fixtures.kafka import Pipeline, wait_for
 
 pytestmark = pytest.mark.integration

@@ -24,9 +24,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from correlator.embedded import stop_process
-from correlator.models import CollateralEntry, Evidence, Incident, Initiator, Signal
-from correlator.report_html import render_incident_html
+from correlator.diagnosis.models import CollateralEntry, Evidence, Incident, Initiator, Signal
+from correlator.render.html import render_incident_html
+from correlator.tooling.embedded import stop_process
 
 pytestmark = pytest.mark.integration
 
@@ -292,8 +292,8 @@ def test_demo_incident_from_simulated_logs(browser: Browser, tmp_path: Path) -> 
 
     With ROOTRANK_WRITE_SCREENSHOT=1 the full-page screenshot is written to docs/img/incident.png.
     """
-    from correlator.diagnose import Diagnoser
-    from correlator.simulate import logs_dir, simulate_demo
+    from correlator.offline.diagnose import Diagnoser
+    from correlator.tooling.simulate import logs_dir, simulate_demo
 
     truth = simulate_demo(tmp_path / "sim")
     incidents, signals = Diagnoser().diagnose([str(logs_dir(tmp_path / "sim", truth))])

@@ -19,8 +19,8 @@ import orjson
 import pytest
 
 from correlator.config import KafkaSettings
-from correlator.setup_topics import kafka_python_config
-from correlator.simulate import log_paths, simulate
+from correlator.stream.setup_topics import kafka_python_config
+from correlator.tooling.simulate import log_paths, simulate
 from tests.fixtures.kafka import (
     BrokerAddress,
     WorkerProcess,

@@ -12,7 +12,7 @@ from elasticsearch import Elasticsearch
 
 from correlator.cli import main
 from correlator.config import Settings
-from correlator.sinks.elasticsearch import (
+from correlator.sinks.elasticsearch.store import (
     BulkWriter,
     IndexRequest,
     incident_to_doc,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from correlator.rules import load_ruleset
-from ingest.ship_format import encode_batch
+from correlator.diagnosis.rules import load_ruleset
+from ingest.ship.wire_format import encode_batch
 from tests.fixtures.kafka import BrokerAddress, produce, read_topic, start_pipeline, wait_for
 from tests.unit.test_rules_reload import CANARY, CANARY_RULE, rules_folder
 

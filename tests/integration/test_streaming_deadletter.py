@@ -10,7 +10,7 @@ import orjson
 import pytest
 from kafka import KafkaProducer
 
-from ingest.ship_format import encode_batch
+from ingest.ship.wire_format import encode_batch
 from tests.fixtures.kafka import Pipeline, read_topic, wait_for
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from correlator.rules import load_ruleset
-from correlator.simulate import log_paths, simulate
+from correlator.diagnosis.rules import load_ruleset
+from correlator.tooling.simulate import log_paths, simulate
 from tests.fixtures.kafka import (
     REPO,
     Pipeline,

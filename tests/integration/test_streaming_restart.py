@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from correlator.agents.match import MatchProcessor, RawMessage
-from correlator.rules import load_ruleset
-from correlator.simulate import log_paths, simulate
+from correlator.diagnosis.rules import load_ruleset
+from correlator.stream.agents.match import MatchProcessor, RawMessage
+from correlator.tooling.simulate import log_paths, simulate
 from tests.fixtures.kafka import (
     Pipeline,
     offline_diagnoser,

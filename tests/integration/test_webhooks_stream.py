@@ -1,6 +1,6 @@
 """The webhook sink as a real worker process: Tansu broker, faust worker, local HTTP receiver.
 
-Each test starts its own broker, receiver and worker (`python -m correlator.agents.webhook_sink`),
+Each test starts its own broker, receiver and worker (`python -m correlator.sinks.webhooks.agent`),
 restarts or kills the worker where the scenario says so, and stops everything it started.
 """
 
@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from correlator import cli
-from correlator.embedded import stop_process
-from correlator.models import Incident
-from correlator.webhooks.receivers.generic_json import generate_secret
+from correlator.diagnosis.models import Incident
+from correlator.sinks.webhooks.receivers.generic_json import generate_secret
+from correlator.tooling.embedded import stop_process
 from tests.fixtures.http_receiver import HttpReceiver
 from tests.fixtures.kafka import create_topics, env_without_proxies, free_port, produce, read_topic
 from tests.unit.webhooks.incidents import make_incident
@@ -37,7 +37,7 @@ PARTITIONS = 2
 
 
 class SinkWorker:
-    """`python -m correlator.agents.webhook_sink` in a subprocess, with its log in a file."""
+    """`python -m correlator.sinks.webhooks.agent` in a subprocess, with its log in a file."""
 
     def __init__(self, config: Path, log: Path) -> None:
         self.config = config
@@ -52,7 +52,7 @@ class SinkWorker:
         env = {k: v for k, v in env_without_proxies().items() if not k.startswith("ROOTRANK_")}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "correlator.agents.webhook_sink", "--config", str(self.config),
+                [sys.executable, "-m", "correlator.sinks.webhooks.agent", "--config", str(self.config),
                  "--web-port", str(self.port), "--loglevel", "INFO"],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )

@@ -15,19 +15,19 @@ import faust
 import orjson
 import pytest
 
-from correlator.agents.correlate import (
+from correlator.diagnosis.engine import Engine, JobState
+from correlator.diagnosis.matcher import Matcher
+from correlator.diagnosis.models import Signal
+from correlator.diagnosis.rules import RuleSet, load_ruleset
+from correlator.diagnosis.signals import SignalExtractor
+from correlator.stream.agents.correlate import (
     JobCorrelator,
     close_message,
     make_correlate_agent,
     next_quiet_at,
     quiet_jobs,
 )
-from correlator.agents.match import signal_to_bytes
-from correlator.engine import Engine, JobState
-from correlator.matcher import Matcher
-from correlator.models import Signal
-from correlator.rules import RuleSet, load_ruleset
-from correlator.signals import SignalExtractor
+from correlator.stream.agents.match import signal_to_bytes
 from ingest.event import LogEvent
 
 T0 = datetime(2026, 3, 14, 9, 26, 53, tzinfo=UTC)

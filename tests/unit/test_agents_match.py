@@ -11,19 +11,19 @@ import faust
 import orjson
 import pytest
 
-from correlator.agents.correlate import decode_signal_messages
-from correlator.agents.match import (
+from correlator.diagnosis.matcher import Matcher
+from correlator.diagnosis.models import Signal
+from correlator.diagnosis.rules import load_ruleset
+from correlator.diagnosis.signals import SignalExtractor
+from correlator.stream.agents.correlate import decode_signal_messages
+from correlator.stream.agents.match import (
     MatchProcessor,
     RawMessage,
     make_match_agent,
     signal_messages,
     signal_to_bytes,
 )
-from correlator.matcher import Matcher
-from correlator.models import Signal
-from correlator.rules import load_ruleset
-from correlator.signals import SignalExtractor
-from ingest.ship_format import encode_batch
+from ingest.ship.wire_format import encode_batch
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.14 GiB"
 
@@ -147,7 +147,7 @@ def test_signal_records_group_a_jobs_signals_and_keep_replay_digests(extractor: 
 
 
 def test_job_entry_dict_is_the_state_dump_also_when_reused(extractor: SignalExtractor) -> None:
-    from correlator.agents.correlate import JobEntry
+    from correlator.stream.agents.correlate import JobEntry
 
     values = [encode_batch([(1773480400.0 + i, "stderr", f"[rank{r}]: step {i} loss 2.3 grad_norm {i}.5") for r in range(4)]
                            + [(1773480400.0 + i, "stderr", f"[rank{i}]: {OOM}")], job_id="j", offset=i * 5)

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from correlator.app import available_roles
 from correlator.cli import build_parser
 from correlator.config import Settings, load_settings
+from correlator.stream.app import available_roles
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

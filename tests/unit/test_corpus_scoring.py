@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from correlator.corpus_score import initiator_matches
-from correlator.models import Incident, Initiator
+from correlator.diagnosis.models import Incident, Initiator
+from correlator.offline.corpus_score import initiator_matches
 
 
 def incident(**who: object) -> Incident:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from correlator import diagnose
-from correlator.diagnose import Diagnoser, DiagnoseStats, _regions
-from correlator.simulate import log_paths, simulate
+from correlator.offline import diagnose
+from correlator.offline.diagnose import Diagnoser, DiagnoseStats, _regions
+from correlator.tooling.simulate import log_paths, simulate
 
 
 @pytest.fixture(scope="module")

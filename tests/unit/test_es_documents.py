@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from correlator.models import Incident, Initiator
-from correlator.search import parse_since
-from correlator.sinks.elasticsearch import (
+from correlator.diagnosis.models import Incident, Initiator
+from correlator.sinks.elasticsearch.search import parse_since
+from correlator.sinks.elasticsearch.store import (
     BulkWriter,
     IndexRequest,
     doc_to_incident,
@@ -65,7 +65,7 @@ def _object_specs(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_shipped_template_files_are_the_templates_setup_installs() -> None:
     for name, body in index_templates().items():
         shipped = json.loads((TEMPLATES / f"{name}.index-template.json").read_text(encoding="utf-8"))
-        assert shipped == body, f"deploy/elasticsearch/{name} is stale: python -m correlator.sinks.elasticsearch deploy/elasticsearch"
+        assert shipped == body, f"deploy/elasticsearch/{name} is stale: python -m correlator.sinks.elasticsearch.store deploy/elasticsearch"
 
 
 INCIDENT_VARIANTS = [

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from correlator.diagnose import Diagnoser
-from correlator.evidence import EvidenceFilter, evidence_lines
-from correlator.matcher import Matcher
-from correlator.rules import RuleSet, load_ruleset
-from correlator.simulate import log_paths, simulate
-from ingest.ship_format import encode_batch, encode_batches
+from correlator.diagnosis.evidence import EvidenceFilter, evidence_lines
+from correlator.diagnosis.matcher import Matcher
+from correlator.diagnosis.rules import RuleSet, load_ruleset
+from correlator.offline.diagnose import Diagnoser
+from correlator.tooling.simulate import log_paths, simulate
+from ingest.ship.wire_format import encode_batch, encode_batches
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.14 GiB"
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from correlator.app import available_roles
 from correlator.cli import build_parser
 from correlator.config import Settings, load_settings
+from correlator.stream.app import available_roles
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 

@@ -1,4 +1,4 @@
-"""correlator.metrics without a worker: bounded label values, one count per incident, and the small
+"""correlator.stream.metrics without a worker: bounded label values, one count per incident, and the small
 HTTP server `rootrank ship --metrics-port` runs (a real server on a free port)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry
 
-from correlator import metrics
-from ingest.ship import ShipStats
+from correlator.stream import metrics
+from ingest.ship.runner import ShipStats
 
 
 def sample(name: str, labels: dict[str, str] | None = None) -> float:

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-
-from correlator.rules import load_ruleset
-from correlator.simulate import FORMATS, Truth, log_paths, simulate
+from correlator.diagnosis.rules import load_ruleset
+from correlator.tooling.simulate import FORMATS, Truth, log_paths, simulate
 
 CLASSES = sorted(load_ruleset().classes)
 SEEDS = range(int(os.environ.get("ROOTRANK_ROUNDTRIP_SEEDS", "3")))
@@ -52,7 +51,7 @@ def _describe(truth: Truth, incidents: list[object]) -> str:
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("cls", CLASSES)
 def test_simulated_class_round_trips(cls: str, seed: int, tmp_path: Path) -> None:
-    from correlator.diagnose import diagnose_paths
+    from correlator.offline.diagnose import diagnose_paths
 
     truth = simulate(cls, seed=seed, skew_max_s=3.0, out=tmp_path, **_scenario(cls, seed))  # type: ignore[arg-type]
     incidents = diagnose_paths(log_paths(tmp_path, truth), job_id=truth.job_id)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from correlator.matcher import Matcher
-from correlator.rules import RuleError, load_classes, load_ruleset, rule_json_schema
-from correlator.ruletest import run_examples
+from correlator.diagnosis.matcher import Matcher
+from correlator.diagnosis.rules import RuleError, load_classes, load_ruleset, rule_json_schema
+from correlator.tooling.ruletest import run_examples
 
 RULESET = load_ruleset()
 MATCHER = Matcher(RULESET)

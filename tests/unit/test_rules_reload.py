@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from correlator.app import Pipeline
 from correlator.config import EngineSettings, Settings
-from correlator.engine import JobState
-from correlator.rules import RuleSet, default_rules_dir
-from correlator.rules_reload import LiveRules, RuleReloader, pipeline_reloader
+from correlator.diagnosis.engine import JobState
+from correlator.diagnosis.rules import RuleSet, default_rules_dir
+from correlator.stream.app import Pipeline
+from correlator.stream.rules_reload import LiveRules, RuleReloader, pipeline_reloader
 from ingest.event import LogEvent
 
 RULES = default_rules_dir()

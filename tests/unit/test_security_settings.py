@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from correlator.app import _credentials
 from correlator.config import ElasticsearchSettings, KafkaSettings, Settings
-from correlator.setup_topics import kafka_python_config
-from correlator.sinks.elasticsearch import make_client
+from correlator.sinks.elasticsearch.store import make_client
+from correlator.stream.app import _credentials
+from correlator.stream.setup_topics import kafka_python_config
 from tests.fixtures.http_receiver import HttpReceiver
 from tests.fixtures.tls import self_signed_cert
 

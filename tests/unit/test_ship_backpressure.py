@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from ingest import ship
-from ingest.ship import (
+from ingest.ship import runner as ship
+from ingest.ship.runner import (
     Batcher,
     Chunk,
     ChunkQueue,
@@ -27,7 +27,7 @@ from ingest.ship import (
     _unpack_message,
     file_reader,
 )
-from ingest.spool import Spool
+from ingest.ship.spool import Spool
 
 
 def _in_thread(fn: Any, *args: Any) -> threading.Thread:

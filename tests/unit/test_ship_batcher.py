@@ -9,8 +9,17 @@ from pathlib import Path
 import orjson
 
 from ingest.decoders import decode_value
-from ingest.ship import Batcher, Chunk, Positions, Sender, ShipOptions, ShipStats, Source, _unpack_message
-from ingest.spool import Spool
+from ingest.ship.runner import (
+    Batcher,
+    Chunk,
+    Positions,
+    Sender,
+    ShipOptions,
+    ShipStats,
+    Source,
+    _unpack_message,
+)
+from ingest.ship.spool import Spool
 
 T = 1773480413.0
 

@@ -14,8 +14,18 @@ from typing import Any
 import orjson
 import pytest
 
-from ingest import ship_progress
-from ingest.ship import (
+from ingest.ship import progress as ship_progress
+from ingest.ship.progress import (
+    AUTO_MIN_BYTES,
+    BacklogProgress,
+    Counters,
+    RateMeter,
+    caught_up_line,
+    format_bytes,
+    progress_mode,
+    status_line,
+)
+from ingest.ship.runner import (
     BacklogFile,
     Batcher,
     Chunk,
@@ -29,17 +39,7 @@ from ingest.ship import (
     _start_progress,
     measure_backlog,
 )
-from ingest.ship_progress import (
-    AUTO_MIN_BYTES,
-    BacklogProgress,
-    Counters,
-    RateMeter,
-    caught_up_line,
-    format_bytes,
-    progress_mode,
-    status_line,
-)
-from ingest.spool import Spool
+from ingest.ship.spool import Spool
 
 MiB = 1 << 20
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from correlator.cli import main
-from correlator.matcher import Matcher
-from correlator.rules import RuleSet, load_ruleset
-from correlator.simulate import (
+from correlator.diagnosis.matcher import Matcher
+from correlator.diagnosis.rules import RuleSet, load_ruleset
+from correlator.tooling.simulate import (
     DEMO_RANK,
     FORMATS,
     SimulateError,

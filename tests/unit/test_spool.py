@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ingest.spool import Spool
+from ingest.ship.spool import Spool
 
 
 def drain(spool: Spool) -> list[bytes]:

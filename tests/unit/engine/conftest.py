@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from correlator.engine import Engine, JobState
-from correlator.matcher import Matcher
-from correlator.rules import RuleSet, load_ruleset
-from correlator.signals import SignalExtractor
+from correlator.diagnosis.engine import Engine, JobState
+from correlator.diagnosis.matcher import Matcher
+from correlator.diagnosis.rules import RuleSet, load_ruleset
+from correlator.diagnosis.signals import SignalExtractor
 from ingest.event import LogEvent
 
-T0 = datetime(2026, 3, 14, 9, 26, 53, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 14, 9, 26, 53, tzinfo=UTC)
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from correlator.engine import Engine
-from correlator.signals import SignalExtractor
+from correlator.diagnosis.engine import Engine
+from correlator.diagnosis.signals import SignalExtractor
 from tests.unit.engine.conftest import JobBuilder, run
 
 

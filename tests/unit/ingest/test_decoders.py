@@ -17,7 +17,7 @@ import pytest
 from ingest.decoders import DecodeError, RawRecord, decode_lines, decode_value, job_id_for, to_event
 from ingest.event import MAX_LINE_CHARS, LogEvent
 from ingest.prefixes import Identity
-from ingest.ship_format import MAX_BATCH_BYTES, encode_batch, encode_batches
+from ingest.ship.wire_format import MAX_BATCH_BYTES, encode_batch, encode_batches
 
 RECEIVED = datetime(2024, 6, 1, 10, 0, 5, tzinfo=UTC)
 

@@ -1,10 +1,10 @@
-"""Incidents built directly from correlator.models, as the correlator would publish them."""
+"""Incidents built directly from correlator.diagnosis.models, as the correlator would publish them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from correlator.models import CollateralEntry, Evidence, Incident, Initiator
+from correlator.diagnosis.models import CollateralEntry, Evidence, Incident, Initiator
 
 
 def make_incident(

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from correlator.webhooks.api import MAX_BODY_BYTES, ApiResponse, RegistrationAPI
-from correlator.webhooks.receivers.generic_json import generate_secret
-from correlator.webhooks.registry import MAX_REGISTRATIONS_PER_JOB, Registry
+from correlator.sinks.webhooks.api import MAX_BODY_BYTES, ApiResponse, RegistrationAPI
+from correlator.sinks.webhooks.receivers.generic_json import generate_secret
+from correlator.sinks.webhooks.registry import MAX_REGISTRATIONS_PER_JOB, Registry
 
 TOKEN = "t0ken-for-writes"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}

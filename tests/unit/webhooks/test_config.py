@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from correlator.config import load_settings
-from correlator.webhooks.dispatcher import WebhookDispatcher
+from correlator.sinks.webhooks.dispatcher import WebhookDispatcher
 
 
 def test_token_from_the_environment_keeps_the_files_routes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,11 +12,11 @@ from email.utils import format_datetime
 
 import pytest
 
-from correlator.webhooks.delivery import Deliverer, DeliveryResult, parse_retry_after
-from correlator.webhooks.dispatcher import WebhookDispatcher
-from correlator.webhooks.policy import RetryPolicy
-from correlator.webhooks.receivers.generic_json import generate_secret
-from correlator.webhooks.routes import RouteTable
+from correlator.config import RetryPolicy
+from correlator.sinks.webhooks.delivery import Deliverer, DeliveryResult, parse_retry_after
+from correlator.sinks.webhooks.dispatcher import WebhookDispatcher
+from correlator.sinks.webhooks.receivers.generic_json import generate_secret
+from correlator.sinks.webhooks.routes import RouteTable
 from tests.fixtures.http_receiver import HttpReceiver
 from tests.unit.webhooks.incidents import make_incident
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from correlator.models import Incident
-from correlator.webhooks.api import RegistrationAPI
-from correlator.webhooks.delivery import Deliverer, DeliveryResult
-from correlator.webhooks.dispatcher import WebhookDispatcher
-from correlator.webhooks.policy import RetryPolicy
-from correlator.webhooks.receivers.generic_json import generate_secret
-from correlator.webhooks.registry import Registration, Registry
-from correlator.webhooks.routes import RouteTable
+from correlator.config import RetryPolicy
+from correlator.diagnosis.models import Incident
+from correlator.sinks.webhooks.api import RegistrationAPI
+from correlator.sinks.webhooks.delivery import Deliverer, DeliveryResult
+from correlator.sinks.webhooks.dispatcher import WebhookDispatcher
+from correlator.sinks.webhooks.receivers.generic_json import generate_secret
+from correlator.sinks.webhooks.registry import Registration, Registry
+from correlator.sinks.webhooks.routes import RouteTable
 from tests.fixtures.http_receiver import HttpReceiver
 from tests.unit.webhooks.incidents import make_incident
 

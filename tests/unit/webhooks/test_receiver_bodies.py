@@ -6,11 +6,11 @@ import asyncio
 import json
 from typing import Any
 
-from correlator.models import Incident
-from correlator.webhooks.delivery import Deliverer
-from correlator.webhooks.dispatcher import WebhookDispatcher
-from correlator.webhooks.policy import RetryPolicy
-from correlator.webhooks.routes import RouteTable
+from correlator.config import RetryPolicy
+from correlator.diagnosis.models import Incident
+from correlator.sinks.webhooks.delivery import Deliverer
+from correlator.sinks.webhooks.dispatcher import WebhookDispatcher
+from correlator.sinks.webhooks.routes import RouteTable
 from tests.fixtures.http_receiver import HttpReceiver, RecordedRequest
 from tests.unit.webhooks.incidents import make_incident
 

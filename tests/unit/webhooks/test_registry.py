@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from correlator.webhooks.registry import EchoSafeStore, Registration, Registry
+from correlator.sinks.webhooks.registry import EchoSafeStore, Registration, Registry
 
 
 class EchoingTable(dict[str, Any]):

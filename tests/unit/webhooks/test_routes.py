@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from correlator.webhooks.routes import RouteTable
+from correlator.sinks.webhooks.routes import RouteTable
 from tests.unit.webhooks.incidents import make_incident
 
 RECEIVERS = {

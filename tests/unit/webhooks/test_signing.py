@@ -8,11 +8,11 @@ import urllib.request
 
 import pytest
 
-from correlator.webhooks.delivery import Deliverer
-from correlator.webhooks.notification import Notification
-from correlator.webhooks.policy import RetryPolicy
-from correlator.webhooks.receivers import build_receiver
-from correlator.webhooks.receivers.generic_json import decode_secret, generate_secret, sign, verify
+from correlator.config import RetryPolicy
+from correlator.sinks.webhooks.delivery import Deliverer
+from correlator.sinks.webhooks.notification import Notification
+from correlator.sinks.webhooks.receivers import build_receiver
+from correlator.sinks.webhooks.receivers.generic_json import decode_secret, generate_secret, sign, verify
 from tests.fixtures.http_receiver import HttpReceiver
 from tests.unit.webhooks.incidents import make_incident
 

@@ -1,0 +1,429 @@
+"""Rule schema, loader and validation.
+
+One YAML file per rule under `rules/<category>/<id>.yaml`. Every problem is reported as
+`file:line: what is wrong`, so a broken rule can be fixed without reading a traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from correlator.diagnosis.models import Role, Severity
+from correlator.diagnosis.patterns import cache_dir, compile_single, pattern_flags
+
+RuleKind = Literal["signature", "fact"]
+FactKind = Literal["progress", "world_size", "heartbeat", "step", "checkpoint", "identity"]
+
+
+class RuleError(Exception):
+    """One or more `file:line: what` problems in the rule library."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class FailureClass(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    slug: str
+    title: str
+    category: str
+    role: Role
+    source: str
+    detect: str
+
+
+class Examples(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    match: list[str] = Field(min_length=2)
+    no_match: list[str] = Field(min_length=2)
+
+
+class Sequence_(BaseModel):
+    """The rule's signal counts only when one of `after` matched earlier in the same job."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    after: list[str] = Field(min_length=1, description="hyperscan patterns of the earlier event")
+    within_s: float = Field(default=3600.0, gt=0)
+    same_process: bool = Field(default=False, description="the earlier event must come from the same rank/host")
+
+
+class Absence(BaseModel):
+    """The rule's patterns are a start marker; a signal is raised when no `end` follows within the deadline."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    end: list[str] = Field(min_length=1)
+    deadline_s: float = Field(gt=0)
+    progress: bool = Field(
+        default=False,
+        description=(
+            "end markers are routine progress lines (loss/step lines): they are sampled, and any process's "
+            "progress after the start clears it (a synchronous job cannot progress while one rank hangs)"
+        ),
+    )
+
+
+class Metric(BaseModel):
+    """A number extracted by `extract` (named group `field`) is compared across ranks or steps."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    field: str
+    spike_ratio: float = Field(default=10.0, gt=1)
+    min_points: int = Field(default=3, ge=2)
+
+
+class SourceRef(BaseModel):
+    """Where the message is emitted: a repository file (the code that raises or logs it) or a vendor doc."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    repo: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+    path: str | None = Field(default=None, min_length=1)
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    versions: str | None = Field(default=None, description="the releases that print this wording, e.g. '>=2.2'")
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _repo_file_or_url(self) -> SourceRef:
+        if self.url is None and (self.repo is None or self.path is None):
+            raise ValueError("a source is `repo` and `path` of the code that emits the message, or a vendor doc `url`")
+        return self
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    title: str = Field(min_length=3)
+    kind: RuleKind = "signature"
+    class_: str | None = Field(default=None, alias="class")
+    fact: FactKind | None = None
+    severity: Severity = "high"
+    role: Role | None = None
+    patterns: list[str] = Field(min_length=1)
+    caseless: bool = False
+    extract: list[str] = Field(default_factory=list)
+    explains: list[str] = Field(default_factory=list)
+    explains_within_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "how long after this rule's signal an explained signal may come and still be its consequence; "
+            "default: the logged collective timeout, else the engine's default horizon"
+        ),
+    )
+    confidence: float = Field(default=0.8, ge=0.0, le=1.0)
+    sequence: Sequence_ | None = None
+    absence: Absence | None = None
+    metric: Metric | None = None
+    mechanism: str = ""
+    fix: list[str] = Field(default_factory=list)
+    verify: list[str] = Field(default_factory=list)
+    references: list[str] = Field(default_factory=list)
+    source: list[SourceRef] = Field(default_factory=list)
+    examples: Examples
+    version: int = Field(default=1, ge=1)
+    tags: list[str] = Field(default_factory=list)
+
+    @field_validator("extract")
+    @classmethod
+    def _extract_compiles(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                compiled = re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"extract regex {pattern!r} does not compile: {exc}") from exc
+            if not compiled.groupindex:
+                raise ValueError(f"extract regex {pattern!r} has no named group (?P<name>...)")
+        return value
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Rule:
+        if self.kind == "signature":
+            missing = [n for n in ("mechanism", "fix", "verify", "references") if not getattr(self, n)]
+            if self.class_ is None:
+                missing.insert(0, "class")
+            if missing:
+                raise ValueError(f"a signature rule needs {', '.join(missing)}")
+        else:
+            if self.fact is None:
+                raise ValueError("a fact rule needs `fact` (progress, world_size, heartbeat, step, checkpoint, identity)")
+        for url in self.references:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"reference {url!r} is not a URL")
+        return self
+
+
+@dataclass(frozen=True)
+class LoadedRule:
+    rule: Rule
+    path: Path
+    line: int
+    pattern_lines: tuple[int, ...]
+    example_lines: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def where(self, line: int | None = None) -> str:
+        return f"{self.path}:{line or self.line}"
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    rules: tuple[LoadedRule, ...]
+    classes: dict[str, FailureClass]
+    version: str
+
+    def by_id(self) -> dict[str, Rule]:
+        return {lr.rule.id: lr.rule for lr in self.rules}
+
+    def signatures(self) -> list[Rule]:
+        return [lr.rule for lr in self.rules if lr.rule.kind == "signature"]
+
+    def role_of(self, rule: Rule) -> Role:
+        if rule.role is not None:
+            return rule.role
+        if rule.class_ and rule.class_ in self.classes:
+            return self.classes[rule.class_].role
+        return "either"
+
+    def explains_by_class(self) -> dict[str, set[str]]:
+        """Class -> classes it explains, the union over its rules."""
+        graph: dict[str, set[str]] = {}
+        for lr in self.rules:
+            if lr.rule.class_:
+                graph.setdefault(lr.rule.class_, set()).update(lr.rule.explains)
+        return graph
+
+
+def default_rules_dir() -> Path:
+    return Path(str(resources.files("rules")))
+
+
+# --- YAML with line numbers -------------------------------------------------------------
+
+
+# libyaml's parser when present: the pure-Python one made loading the library take seconds.
+_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _collect_lines(node: yaml.Node, lines: dict[tuple[Any, ...], int], path: tuple[Any, ...]) -> None:
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key_path = path + (key_node.value,)
+            lines[key_path] = key_node.start_mark.line + 1
+            _collect_lines(value_node, lines, key_path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines[path + (i,)] = item.start_mark.line + 1
+            _collect_lines(item, lines, path + (i,))
+
+
+def load_yaml_with_lines(path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
+    """The parsed document and a map from key paths (('examples', 'match', 0)) to 1-based lines."""
+    text = path.read_text(encoding="utf-8")
+    lines: dict[tuple[Any, ...], int] = {}
+    node = yaml.compose(text, Loader=_LOADER)
+    if node is not None:
+        _collect_lines(node, lines, ())
+    return yaml.load(text, Loader=_LOADER), lines
+
+
+def _line_for(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int:
+    loc_list = list(loc)
+    # pydantic reports the alias `class` as `class`; models use class_ internally.
+    while loc_list:
+        key = tuple(loc_list)
+        if key in lines:
+            return lines[key]
+        loc_list.pop()
+    return 1
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+def load_classes(path: Path) -> dict[str, FailureClass]:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return {c["slug"]: FailureClass(**c) for c in data["classes"]}
+
+
+def _hyperscan_problem(pattern: str, caseless: bool) -> str | None:
+
+    try:
+        compile_single(pattern, caseless=caseless)
+    except Exception as exc:  # hyperscan.error carries the compiler's message
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def _rule_files(root: Path) -> Iterable[Path]:
+    for path in sorted(root.rglob("*.yaml")):
+        if path.name == "classes.yaml" or any(part.startswith(".") for part in path.parts):
+            continue
+        yield path
+
+
+def _all_patterns(rule: Rule) -> list[str]:
+    return [*rule.patterns, *(rule.sequence.after if rule.sequence else []), *(rule.absence.end if rule.absence else [])]
+
+
+def _all_compile(rule: Rule) -> bool:
+    import hyperscan
+
+
+    patterns = _all_patterns(rule)
+    db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    try:
+        db.compile(expressions=[p.encode("utf-8") for p in patterns], ids=list(range(len(patterns))),
+                   flags=[pattern_flags(rule.caseless)] * len(patterns))
+    except Exception:  # which pattern is wrong is found one by one, for file:line
+        return False
+    return True
+
+
+def _pattern_problems(path: Path, rule: Rule, lines: dict[tuple[Any, ...], int]) -> list[str]:
+    problems: list[str] = []
+    for i, pattern in enumerate(rule.patterns):
+        err = _hyperscan_problem(pattern, rule.caseless)
+        if err:
+            problems.append(f"{path}:{lines.get(('patterns', i), 1)}: patterns[{i}]: hyperscan cannot compile {pattern!r}: {err}")
+    for block, key in ((rule.sequence, "after"), (rule.absence, "end")):
+        if block is None:
+            continue
+        name = "sequence" if block is rule.sequence else "absence"
+        for i, pattern in enumerate(getattr(block, key)):
+            err = _hyperscan_problem(pattern, rule.caseless)
+            if err:
+                problems.append(f"{path}:{lines.get((name, key, i), 1)}: {name}.{key}[{i}]: hyperscan cannot compile: {err}")
+    return problems
+
+
+def load_rule_file(
+    path: Path, classes: dict[str, FailureClass], *, check_patterns: bool = True
+) -> tuple[LoadedRule | None, list[str]]:
+    problems: list[str] = []
+    try:
+        data, lines = load_yaml_with_lines(path)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        return None, [f"{path}:{line}: YAML syntax: {getattr(exc, 'problem', exc)}"]
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [f"{path}:1: cannot read: {exc}"]
+    if not isinstance(data, dict):
+        return None, [f"{path}:1: a rule file must be a mapping of fields"]
+    try:
+        rule = Rule.model_validate(data)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            where = ".".join(str(p) for p in loc) or "rule"
+            problems.append(f"{path}:{_line_for(loc, lines)}: {where}: {err['msg']}")
+        return None, problems
+    if rule.id != path.stem:
+        problems.append(f"{path}:{lines.get(('id',), 1)}: id {rule.id!r} must equal the file name {path.stem!r}")
+    for key, slugs in (("class", [rule.class_] if rule.class_ else []), ("explains", rule.explains)):
+        for i, slug in enumerate(slugs):
+            if slug not in classes:
+                line = lines.get((key, i), lines.get((key,), 1)) if key == "explains" else lines.get((key,), 1)
+                problems.append(f"{path}:{line}: {key}: unknown class {slug!r} (see rules/classes.yaml)")
+    if check_patterns and not _all_compile(rule):
+        problems.extend(_pattern_problems(path, rule, lines))
+    if problems:
+        return None, problems
+    loaded = LoadedRule(
+        rule=rule,
+        path=path,
+        line=lines.get(("id",), 1),
+        pattern_lines=tuple(lines.get(("patterns", i), 1) for i in range(len(rule.patterns))),
+        example_lines={
+            kind: tuple(lines.get(("examples", kind, i), 1) for i in range(len(getattr(rule.examples, kind))))
+            for kind in ("match", "no_match")
+        },
+    )
+    return loaded, []
+
+
+def _whole_set_compiles(files: list[Path], classes: dict[str, FailureClass]) -> bool:
+    import hyperscan
+
+
+    patterns: list[bytes] = []
+    flags: list[int] = []
+    for path in files:
+        rule, _ = load_rule_file(path, classes, check_patterns=False)
+        if rule is None:
+            continue
+        for pattern in _all_patterns(rule.rule):
+            patterns.append(pattern.encode("utf-8"))
+            flags.append(pattern_flags(rule.rule.caseless))
+    key = hashlib.sha256(b"\0".join(patterns) + repr(flags).encode() + hyperscan.__version__.encode()).hexdigest()[:20]
+    marker = cache_dir() / f"patterns-ok-{key}"
+    if marker.exists():
+        return True
+    db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    try:
+        db.compile(expressions=patterns, ids=list(range(len(patterns))), flags=flags)
+    except Exception:
+        return False
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass
+    return True
+
+
+def load_ruleset(root: Path | None = None, *, strict: bool = True) -> RuleSet:
+    """Load and validate every rule under `root`.
+
+    strict: raise RuleError listing every problem; otherwise skip broken files (hot reload keeps
+    serving the rules that are fine and reports the rest).
+    """
+    root = root or default_rules_dir()
+    classes_path = root / "classes.yaml"
+    if not classes_path.exists():
+        classes_path = default_rules_dir() / "classes.yaml"
+    classes = load_classes(classes_path)
+    problems: list[str] = []
+    loaded: list[LoadedRule] = []
+    seen: dict[str, Path] = {}
+    digest = hashlib.sha256()
+    files = list(_rule_files(root))
+    # One compile of every pattern (remembered by content hash) proves them all; only when it fails
+    # is each file compiled on its own, to say which pattern is wrong and where.
+    check_each = not _whole_set_compiles(files, classes)
+    for path in files:
+        rule, errs = load_rule_file(path, classes, check_patterns=check_each)
+        problems.extend(errs)
+        if rule is None:
+            continue
+        if rule.rule.id in seen:
+            problems.append(f"{path}:{rule.line}: id {rule.rule.id!r} already used by {seen[rule.rule.id]}")
+            continue
+        seen[rule.rule.id] = path
+        digest.update(path.read_bytes())
+        loaded.append(rule)
+    if not loaded and not problems:
+        problems.append(f"{root}:1: no rule files found")
+    if problems and strict:
+        raise RuleError(problems)
+    return RuleSet(rules=tuple(loaded), classes=classes, version=digest.hexdigest()[:12])
+
+
+def rule_json_schema() -> dict[str, Any]:
+    return Rule.model_json_schema(by_alias=True)

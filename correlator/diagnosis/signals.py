@@ -1,0 +1,180 @@
+"""Turn events into signals: one hyperscan scan per batch, extraction only on the lines that hit."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+
+from correlator.diagnosis.matcher import Hit, Matcher
+from correlator.diagnosis.models import MAX_EVIDENCE_LINE, Signal
+from correlator.diagnosis.rules import Rule, RuleSet
+from ingest.event import LogEvent
+
+# Fields a rule may extract that describe *who* failed; they override the identity of the line's writer
+# (a launcher line "local_rank: 5 (pid: 2630) failed" is written by the agent, about local rank 5).
+IDENTITY_FIELDS = ("rank", "local_rank", "pid", "gpu", "host")
+
+
+def _coerce(value: str) -> str | int | float:
+    try:
+        return int(value)
+    except ValueError:
+        try:
+            return float(value)
+        except ValueError:
+            return value
+
+
+def best_hits_per_line(hits: Sequence[tuple[int, Hit]], rules: Sequence[Rule]) -> list[tuple[int, Hit]]:
+    """Keep, per line, every fact/marker hit but only the most confident signature hit.
+
+    One line is one failure: "watchdog thread terminated with exception: CUDA error: an illegal memory
+    access" is an illegal memory access, not also an NCCL timeout.
+    """
+    best: dict[int, tuple[int, Hit]] = {}
+    out: list[tuple[int, Hit]] = []
+    for index, hit in hits:
+        rule = rules[hit.rule_index]
+        # A sequence/absence hit only counts if the engine later finds its precondition; if it
+        # competed here it could evict the plain signature of the same line and then be dropped,
+        # leaving the line with no signal at all. So it rides along instead of competing.
+        if hit.role != "main" or rule.kind != "signature" or rule.sequence is not None or rule.absence is not None:
+            out.append((index, hit))
+            continue
+        current = best.get(index)
+        if current is None or rule.confidence > rules[current[1].rule_index].confidence:
+            best[index] = (index, hit)
+    out.extend(best.values())
+    out.sort(key=lambda pair: (pair[0], pair[1].rule_index))
+    return out
+
+
+class SignalExtractor:
+    def __init__(self, ruleset: RuleSet, matcher: Matcher | None = None) -> None:
+        self.ruleset = ruleset
+        self.matcher = matcher or Matcher(ruleset)
+        self.rules = self.matcher.rules
+        self._roles = [ruleset.role_of(rule) for rule in self.rules]
+
+    def signal_for(self, event: LogEvent, hit: Hit, order: int, *, raw: str | None = None) -> Signal:
+        """`raw` is the line as it was scanned (prefixes included), used for extraction when given."""
+        rule = self.rules[hit.rule_index]
+        text = event.line
+        identity: dict[str, object] = {
+            "host": event.host,
+            "rank": event.rank,
+            "local_rank": event.local_rank,
+            "pid": event.pid,
+            "gpu": event.gpu,
+        }
+        fields: dict[str, str | int | float] = {}
+        if hit.role == "main":
+            extracted = self.matcher.extract(hit.rule_index, raw if raw is not None else text)
+            if "blame_rank" in extracted:
+                # The line reports another rank as the one that diverged ("but Rank 7 is running ...").
+                fields["reporter_rank"] = _coerce(extracted.pop("rank", "")) if "rank" in extracted else ""
+                if event.rank is not None and not fields["reporter_rank"]:
+                    fields["reporter_rank"] = event.rank
+                extracted["rank"] = extracted.pop("blame_rank")
+                identity.update({"local_rank": None, "pid": None, "gpu": None})
+            for name, value in extracted.items():
+                if name in IDENTITY_FIELDS:
+                    identity[name] = value if name in ("gpu", "host") else _coerce(value)
+                else:
+                    fields[name] = _coerce(value)
+            if rule.metric is not None and rule.metric.field in fields:
+                fields["metric"] = rule.metric.field
+        else:
+            fields["marker"] = hit.role
+        if event.truncated or len(text) > MAX_EVIDENCE_LINE:
+            # The line was cut (by the forwarder, the decoder, or to the evidence cap just below).
+            fields["truncated"] = 1
+        is_fact = rule.kind == "fact" or hit.role != "main"
+        return Signal(
+            job_id=event.job_id,
+            rule_id=rule.id,
+            rule_version=rule.version,
+            kind="fact" if is_fact else "match",
+            class_=rule.class_,
+            role=self._roles[hit.rule_index],
+            severity=rule.severity,
+            ts=event.ts,
+            received_ts=event.received_ts,
+            source=event.source,
+            file=event.file,
+            order=order,
+            line=text[:MAX_EVIDENCE_LINE],
+            fields=fields,
+            **identity,  # type: ignore[arg-type]
+        )
+
+    def is_routine(self, hit: Hit) -> bool:
+        """Progress markers and metric values: lines a healthy job prints every step."""
+        rule = self.rules[hit.rule_index]
+        if hit.role == "end":
+            return rule.absence is not None and rule.absence.progress
+        return hit.role == "main" and rule.metric is not None
+
+    def metric_value(self, hit: Hit, text: str) -> float:
+        rule = self.rules[hit.rule_index]
+        assert rule.metric is not None
+        try:
+            value = float(self.matcher.extract(hit.rule_index, text).get(rule.metric.field, "nan"))
+        except ValueError:
+            value = float("nan")
+        return float("inf") if math.isnan(value) else value  # nan/inf are abnormal by themselves: keep them
+
+    def _scan_texts(self, texts: Sequence[str]) -> list[tuple[int, Hit]]:
+        """`Matcher.scan_lines` over the texts, encoded once as one joined buffer: (line index, hit)."""
+        if not texts:
+            return []
+        joined = "\n".join(texts)
+        if joined.count("\n") == len(texts) - 1:
+            try:
+                return self.matcher.scan_joined(joined.encode("utf-8"))
+            except UnicodeEncodeError:  # lone surrogates: encoded line by line with replacement below
+                pass
+        return self.matcher.scan_lines([t.encode("utf-8", "replace") for t in texts])
+
+    def from_texts(
+        self,
+        texts: Sequence[str],
+        event_at: Callable[[int], LogEvent],
+        stream_of: Callable[[int], Hashable],
+        order_of: Callable[[int], int],
+    ) -> list[Signal]:
+        """Scan a batch of raw lines once; build events only for the lines that hit.
+
+        Routine hits (progress markers, metric values) collapse per rule and stream within the batch:
+        the latest progress line, the largest value (the smallest rides along as `metric_min`). The
+        job state keeps the same per process, so this only saves work.
+        """
+        hits = best_hits_per_line(self._scan_texts(texts), self.rules)
+        out: list[Signal] = []
+        routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]] = {}
+        for index, hit in hits:
+            if not self.is_routine(hit):
+                out.append(self.signal_for(event_at(index), hit, order_of(index), raw=texts[index]))
+                continue
+            key = (hit.rule_index, hit.role, stream_of(index))
+            value = self.metric_value(hit, texts[index]) if hit.role == "main" else float(index)
+            current = routine.get(key)
+            low = value if current is None else min(current[3], value)
+            if current is None or value >= current[0]:
+                routine[key] = (value, index, hit, low)
+            else:
+                routine[key] = (current[0], current[1], current[2], low)
+        for _value, index, hit, low in routine.values():
+            signal = self.signal_for(event_at(index), hit, order_of(index), raw=texts[index])
+            if "metric" in signal.fields:
+                signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
+            out.append(signal)
+        return out
+
+    def from_events(self, events: Sequence[LogEvent], *, order_base: int = 0) -> list[Signal]:
+        return self.from_texts(
+            [event.line for event in events],
+            events.__getitem__,
+            lambda i: (events[i].host, events[i].rank, events[i].local_rank, events[i].pid, events[i].file),
+            lambda i: order_base + (i if events[i].offset is None else events[i].offset),
+        )

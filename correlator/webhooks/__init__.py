@@ -1,6 +1,0 @@
-"""Webhook notifications: one per incident transition, routed per job, signed, retried, dead-lettered.
-
-The delivery logic is plain asyncio (`correlator.webhooks.dispatcher.WebhookDispatcher.handle`);
-the faust agent in `correlator.agents.webhook_sink` is a thin shell around it. Submodules are
-imported where used, so loading the config does not pull in the HTTP client.
-"""
