@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install sysdeps test unit demo bench fuzz lint typecheck corpus-score clean
+.PHONY: install sysdeps test unit demo bench fuzz lint lint-imports typecheck corpus-score clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,7 @@ sysdeps:
 	bash scripts/install-system-deps.sh
 
 test: install sysdeps
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 unit: install
@@ -34,6 +35,9 @@ fuzz: install
 
 lint: install
 	$(VENV)/bin/ruff check ingest correlator tests
+
+lint-imports: install
+	$(VENV)/bin/lint-imports
 
 typecheck: install
 	$(VENV)/bin/mypy
