@@ -38,6 +38,7 @@ class Signal(BaseModel):
     source: str | None = None
     file: str | None = None
     order: int = 0
+    attempt: int | None = None
     line: str = ""
     fields: dict[str, str | int | float] = Field(default_factory=dict)
 
@@ -101,6 +102,10 @@ class Incident(BaseModel):
     rule_versions: dict[str, int] = Field(default_factory=dict)
     world_size: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    attempt: int = 0
+    recovered: bool = False
+    clock: str = ""
+    dropped: dict[str, int] = Field(default_factory=dict)
 
     def to_json_dict(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)

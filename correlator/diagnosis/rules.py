@@ -21,7 +21,7 @@ from correlator.diagnosis.models import Role, Severity
 from correlator.diagnosis.patterns import cache_dir, compile_single, pattern_flags
 
 RuleKind = Literal["signature", "fact"]
-FactKind = Literal["progress", "world_size", "heartbeat", "step", "checkpoint", "identity"]
+FactKind = Literal["progress", "world_size", "heartbeat", "step", "checkpoint", "identity", "restart", "completion", "collective"]
 
 
 class RuleError(Exception):
@@ -161,7 +161,7 @@ class Rule(BaseModel):
                 raise ValueError(f"a signature rule needs {', '.join(missing)}")
         else:
             if self.fact is None:
-                raise ValueError("a fact rule needs `fact` (progress, world_size, heartbeat, step, checkpoint, identity)")
+                raise ValueError("a fact rule needs `fact` (progress, world_size, heartbeat, step, checkpoint, identity, restart, completion, collective)")
         for url in self.references:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"reference {url!r} is not a URL")

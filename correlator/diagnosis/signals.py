@@ -86,6 +86,10 @@ class SignalExtractor:
                 fields["metric"] = rule.metric.field
         else:
             fields["marker"] = hit.role
+            if hit.role == "end" and rule.absence is not None and rule.absence.progress:
+                fields["progress"] = 1
+        if rule.kind == "fact" and rule.fact is not None:
+            fields["fact"] = rule.fact
         if event.truncated or len(text) > MAX_EVIDENCE_LINE:
             # The line was cut (by the forwarder, the decoder, or to the evidence cap just below).
             fields["truncated"] = 1
@@ -103,6 +107,7 @@ class SignalExtractor:
             source=event.source,
             file=event.file,
             order=order,
+            attempt=event.attempt,
             line=text[:MAX_EVIDENCE_LINE],
             fields=fields,
             **identity,  # type: ignore[arg-type]

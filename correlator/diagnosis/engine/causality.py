@@ -1,0 +1,125 @@
+"""Who explains whom: one signal explains another only by its own rule, before it, within a horizon, in the
+same attempt of the job.
+
+A node is one individual signal or one aggregate of collateral (its earliest line and time). The horizon
+is how long a consequence can come after its cause: the rule's `explains_within_s`, else the process
+group's collective timeout (logged by the watchdog as `Timeout(ms)`) plus the time the teardown takes,
+else the default of the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from correlator.diagnosis.engine.state import Aggregate
+from correlator.diagnosis.models import Signal
+from correlator.diagnosis.rules import Rule
+
+TEARDOWN_MARGIN_S = 900.0  # after a collective times out: the abort, the launcher's teardown, the exits
+GENERIC_CLASSES = frozenset({"python_exception"})
+_SEVERITY = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
+
+
+@dataclass(eq=False)
+class Node:
+    signal: Signal  # an individual signal, or an aggregate's earliest sample
+    t: float | None  # on the corrected clock; an aggregate's earliest time over its hosts
+    attempt: int = 0
+    aggregate: Aggregate | None = None
+    t_last: float | None = None
+
+    @property
+    def cls(self) -> str:
+        return self.signal.class_ or ""
+
+    @property
+    def order(self) -> int:
+        return self.signal.order
+
+    def key(self) -> tuple[float, int]:
+        return (self.t if self.t is not None else float("inf"), self.signal.order)
+
+    def ranks(self) -> set[int]:
+        if self.aggregate is not None:
+            return set(self.aggregate.ranks)
+        return {self.signal.rank} if self.signal.rank is not None else set()
+
+    def hosts(self) -> set[str]:
+        if self.aggregate is not None:
+            return {h for h in self.aggregate.hosts if h}
+        return {self.signal.host} if self.signal.host else set()
+
+
+def tier(confidence: float) -> int:
+    return 2 if confidence >= 0.7 else 1 if confidence >= 0.45 else 0
+
+
+@dataclass
+class Causality:
+    rules: Mapping[str, Rule]
+    roles: Mapping[str, str]  # rule id -> role (the rule's, else its class's)
+    timeout_s: float  # the collective timeout of this attempt (logged, or the default)
+    tolerance_s: float  # how far the corrected clocks may still disagree
+
+    def role(self, node: Node) -> str:
+        return self.roles.get(node.signal.rule_id, node.signal.role)
+
+    def confidence(self, node: Node) -> float:
+        rule = self.rules.get(node.signal.rule_id)
+        return rule.confidence if rule is not None else 0.5
+
+    def can_explain(self, node: Node) -> bool:
+        """Only a failure explains: a signal of a rule with `explains`, not info. (Collateral explains too,
+        among consequences: a peer's "remote process exited" explains the teardown that follows it.)"""
+        if node.signal.kind != "match":
+            return False
+        rule = self.rules.get(node.signal.rule_id)
+        return rule is not None and bool(rule.explains) and _SEVERITY.get(rule.severity, 2) > 0
+
+    def horizon(self, cause: Node) -> float:
+        rule = self.rules.get(cause.signal.rule_id)
+        if rule is not None and rule.explains_within_s is not None:
+            return rule.explains_within_s
+        return self.timeout_s + TEARDOWN_MARGIN_S
+
+    def explains(self, cause: Node, other: Node) -> bool:
+        if cause is other or cause.attempt != other.attempt or not self.can_explain(cause):
+            return False
+        rule = self.rules[cause.signal.rule_id]
+        if other.cls == cause.cls or other.cls not in rule.explains:
+            return False
+        if cause.t is None or other.t is None:
+            # Untimed lines: order within one file is the only clock.
+            return cause.signal.file != other.signal.file or cause.order <= other.order
+        delay = other.t - cause.t
+        return -self.tolerance_s <= delay <= self.horizon(cause)
+
+    def explained_by(self, nodes: list[Node], explainers: list[Node]) -> dict[int, Node | None]:
+        """For every node, the earliest explainer that explains it (None: nothing does). When two explain
+        each other (a CUDA error and an NCCL error on one rank), the one that came first is the cause."""
+        out: dict[int, Node | None] = {}
+        for node in nodes:
+            best: Node | None = None
+            for cause in explainers:
+                if not self.explains(cause, node):
+                    continue
+                if self.explains(node, cause) and node.key() <= cause.key():
+                    continue
+                if best is None or cause.key() < best.key():
+                    best = cause
+            out[id(node)] = best
+        return out
+
+    def after_the_cascade(self, candidate: Node, nodes: list[Node]) -> bool:
+        """A candidate that comes after consequences it does not explain did not start them: a hardware
+        error an hour after the job died, an exception raised while the job was already tearing down."""
+        if candidate.t is None:
+            return False
+        for node in nodes:
+            if node is candidate or node.t is None or self.role(node) != "collateral":
+                continue
+            if node.attempt == candidate.attempt and node.t + self.tolerance_s < candidate.t \
+                    and not self.explains(candidate, node):
+                return True
+        return False

@@ -1,0 +1,87 @@
+"""Who a signal is about, when its own line does not say: the job's identity tables, then launchers' reports.
+
+- NCCL's init line ties host:pid and the GPU's bus id to the rank (job-wide communicator only), so a
+  kernel Xid line that names a PCI bus id on a host maps to the rank that used that GPU there.
+- A line naming rank, host and local rank together ties that host's local rank to the rank.
+- Launchers report which process failed (torchelastic's "failed (exitcode: N) local_rank: K (pid: P)" and
+  its summary, mpirun's "process rank N with PID P on node H"). That is evidence, not truth: it fills the
+  who of a failure line that names nobody, when exactly one process was reported failed; torchelastic's
+  "Root Cause (first observed failure)" is the first *exit* it saw, often a victim, so a report never
+  replaces the identity a cause line gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from correlator.diagnosis.engine.state import normalize_bus_id
+from correlator.diagnosis.models import Signal
+
+WHO = ("rank", "local_rank", "host", "pid", "gpu")
+
+
+def fill_identity(signal: Signal, identity: Mapping[str, int]) -> Signal:
+    if signal.rank is not None or not signal.host:
+        return signal
+    host = signal.host
+    for key in (
+        f"{host}|p{signal.pid}" if signal.pid is not None else None,
+        f"{host}|l{signal.local_rank}" if signal.local_rank is not None else None,
+        f"{host}|b{normalize_bus_id(signal.gpu)}" if signal.gpu and ":" in signal.gpu else None,
+    ):
+        if key is not None and key in identity:
+            return signal.model_copy(update={"rank": identity[key]})
+    return signal
+
+
+def is_failure_report(signal: Signal) -> bool:
+    """A launcher's line about one process that exited with an error or on a signal (not the SIGTERM the
+    launcher itself sent while tearing the others down)."""
+    code = signal.fields.get("exitcode")
+    if isinstance(code, int):
+        return code not in (0, -15, 143)
+    sig = signal.fields.get("signal")
+    return isinstance(sig, (int, str)) and str(sig) not in ("15", "SIGTERM", "")
+
+
+def named_by_reports(primary: Signal, reports: Sequence[Signal]) -> tuple[Signal, str]:
+    """The primary with who-fields filled from the launchers' reports, when they name exactly one process
+    consistent with what the primary says; and a note for the incident's reason ('' if nothing was used)."""
+    if primary.rank is not None and primary.host is not None:
+        return primary, ""
+    consistent = [r for r in reports if r is not primary and _consistent(primary, r)]
+    processes = {(r.rank, r.local_rank, r.host, r.pid) for r in consistent}
+    if len(processes) != 1:
+        return primary, ""
+    report = consistent[0]
+    update = {f: getattr(report, f) for f in WHO if getattr(primary, f) is None and getattr(report, f) is not None}
+    if not update:
+        return primary, ""
+    return primary.model_copy(update=update), f"who failed from the launcher's report ({report.rule_id})"
+
+
+def _consistent(a: Signal, b: Signal) -> bool:
+    for field in WHO:
+        va, vb = getattr(a, field), getattr(b, field)
+        if va is not None and vb is not None and va != vb:
+            return False
+    return True
+
+
+def corroborated(primary: Signal, matches: Sequence[Signal]) -> Signal:
+    """Fill who-fields the initiating line lacks from the next line of the same class that has them.
+
+    "Unexpected bus error encountered in worker" names nobody; the "DataLoader worker (pid 325) is
+    killed by signal: Bus error" line right after it names the process.
+    """
+    if all(getattr(primary, f) is not None for f in WHO):
+        return primary
+    for s in matches:
+        if s is primary or s.class_ != primary.class_ or s.order < primary.order and s.file == primary.file:
+            continue
+        if not _consistent(primary, s):
+            continue  # a different process: not the same failure told twice
+        update = {f: getattr(s, f) for f in WHO if getattr(primary, f) is None and getattr(s, f) is not None}
+        if update:
+            return primary.model_copy(update=update)
+    return primary
