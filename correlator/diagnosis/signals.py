@@ -13,6 +13,7 @@ from ingest.event import LogEvent
 # Fields a rule may extract that describe *who* failed; they override the identity of the line's writer
 # (a launcher line "local_rank: 5 (pid: 2630) failed" is written by the agent, about local rank 5).
 IDENTITY_FIELDS = ("rank", "local_rank", "pid", "gpu", "host")
+DEFAULT_GROUPS = (0, "0", "default_pg")
 
 
 def _coerce(value: str) -> str | int | float:
@@ -82,6 +83,9 @@ class SignalExtractor:
                     identity[name] = value if name in ("gpu", "host") else _coerce(value)
                 else:
                     fields[name] = _coerce(value)
+            if identity["rank"] is None and fields.get("pg") in DEFAULT_GROUPS and isinstance(fields.get("pg_rank"), int):
+                # A rank within the default process group is the global rank.
+                identity["rank"] = fields["pg_rank"]
             if rule.metric is not None and rule.metric.field in fields:
                 fields["metric"] = rule.metric.field
         else:

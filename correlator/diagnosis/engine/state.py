@@ -164,6 +164,7 @@ class GroupProgress(BaseModel):
     collectives: dict[str, RankSet] = Field(default_factory=dict)
     timeout_ms: int | None = None
     first_ts: float | None = None
+    global_of: dict[str, int] = Field(default_factory=dict)  # rank within the group -> global rank
 
 
 class Mark(BaseModel):
@@ -450,7 +451,7 @@ class JobState(BaseModel):
             ):
                 self.progress[key] = mark
                 changed = True
-        if signal.rank is not None and ("pg" in f or "seq" in f or "enqueued" in f or "pg_size" in f):
+        if (signal.rank is not None or "pg_rank" in f) and ("pg" in f or "seq" in f or "enqueued" in f):
             changed |= self._note_collective(signal, t)
         return changed
 
@@ -513,8 +514,14 @@ class JobState(BaseModel):
             if len(self.groups) >= MAX_PROCESS_GROUPS:
                 return False
             group = self.groups[key] = GroupProgress(pg=pg)
+        pg_rank = f.get("pg_rank")
         rank = signal.rank
-        assert rank is not None
+        if rank is not None and isinstance(pg_rank, int) and len(group.global_of) < MAX_PROCESSES:
+            group.global_of[str(pg_rank)] = rank
+        elif rank is None and isinstance(pg_rank, int):
+            rank = group.global_of.get(str(pg_rank))
+        if rank is None:
+            return False  # a rank within a group whose global ranks are not known
         group.members.add(rank)
         size = f.get("pg_size")
         if isinstance(size, int):
