@@ -269,14 +269,14 @@ class Diagnoser:
         self, body: Buffer, hit: Hit, acc: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]]
     ) -> None:
         rule = self.matcher.rules[hit.rule_index]
-        if rule.metric is None:
-            # Progress of any rank clears an absence start (`progress: true`): the job's latest progress
-            # line is all that is needed, no identity. Hits arrive in order: the last one is the latest.
-            acc[(hit.rule_index, hit.role, ())] = (float(hit.start), hit, 0.0)
-            return
         raw = body[hit.start : hit.end].decode("utf-8", "replace")
         ident = self._identify(raw)
         key = (hit.rule_index, hit.role, (ident.rank, ident.host, ident.pid, ident.local_rank))
+        if rule.metric is None:
+            # Progress markers: each process's latest (any rank's clears an absence start; a process's own
+            # says it survived a failure). Hits arrive in order: the last one is the latest.
+            acc[key] = (float(hit.start), hit, 0.0)
+            return
         value = self.extractor.metric_value(hit, raw)
         current = acc.get(key)
         if current is None:
@@ -512,9 +512,12 @@ def _metric_extremes(
     """Per rule, the processes with the largest peaks and a baseline of the smallest: what a spike on one
     rank is compared with. A 512-rank chunk then costs 2 x METRIC_KEEP events per rule, not 512."""
     by_rule: dict[tuple[int, str], list[tuple[float, Hit, float]]] = {}
-    for (rule_index, role, _proc), entry in sampled.items():
-        by_rule.setdefault((rule_index, role), []).append(entry)
     out: list[tuple[float, Hit, float]] = []
+    for (rule_index, role, _proc), entry in sampled.items():
+        if role == "end":
+            out.append(entry)  # progress: every process's latest
+            continue
+        by_rule.setdefault((rule_index, role), []).append(entry)
     for entries in by_rule.values():
         if len(entries) <= 2 * keep:
             out.extend(entries)
