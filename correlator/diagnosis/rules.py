@@ -21,6 +21,7 @@ from correlator.diagnosis.models import Role, Severity
 from correlator.diagnosis.patterns import cache_dir, compile_single, pattern_flags
 
 RuleKind = Literal["signature", "fact"]
+TIER_BOUNDARIES = (0.45, 0.7)  # the engine's confidence tiers (causality.tier)
 FactKind = Literal["progress", "world_size", "heartbeat", "step", "checkpoint", "identity", "restart", "completion", "collective"]
 
 
@@ -154,7 +155,7 @@ class Rule(BaseModel):
     @model_validator(mode="after")
     def _kind_fields(self) -> Rule:
         if self.kind == "signature":
-            missing = [n for n in ("mechanism", "fix", "verify", "references") if not getattr(self, n)]
+            missing = [n for n in ("mechanism", "fix", "verify", "references", "source") if not getattr(self, n)]
             if self.class_ is None:
                 missing.insert(0, "class")
             if missing:
@@ -162,6 +163,11 @@ class Rule(BaseModel):
         else:
             if self.fact is None:
                 raise ValueError("a fact rule needs `fact` (progress, world_size, heartbeat, step, checkpoint, identity, restart, completion, collective)")
+        if self.confidence in TIER_BOUNDARIES:
+            raise ValueError(
+                f"confidence {self.confidence} sits on a tier boundary {TIER_BOUNDARIES}: a rule there wins or loses by "
+                "its position, not its specificity; choose a value inside the tier you mean"
+            )
         for url in self.references:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"reference {url!r} is not a URL")

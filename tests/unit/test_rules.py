@@ -51,14 +51,14 @@ def test_run_examples_reports_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "rules" / "classes.yaml").write_text((Path(RULESET.rules[0].path).parents[1] / "classes.yaml").read_text())
     (rules / "bad-example.yaml").write_text(
         "id: bad-example\ntitle: A rule whose example is wrong\nclass: cuda_oom\npatterns: ['out of memory']\n"
-        "mechanism: m\nfix: [f]\nverify: [v]\nreferences: ['https://example.org']\n"
+        "mechanism: m\nfix: [f]\nverify: [v]\nreferences: ['https://example.org']\nsource: [{url: 'https://example.org'}]\n"
         "examples:\n  match:\n    - 'CUDA out of memory'\n    - 'this line does not hit'\n"
         "  no_match: ['a', 'b']\n"
     )
     rs = load_ruleset(tmp_path / "rules")
     checked, failures = run_examples(rs)
     assert checked == 4
-    assert [str(f).split(": ")[0] for f in failures] == [f"{rules / 'bad-example.yaml'}:12"]
+    assert [str(f).split(": ")[0] for f in failures] == [f"{rules / 'bad-example.yaml'}:13"]
 
 
 @pytest.mark.parametrize(
@@ -66,16 +66,24 @@ def test_run_examples_reports_file_and_line(tmp_path: Path) -> None:
     [
         ("id: x\ntitle: broken yaml\npatterns: [unclosed\n", 4, "YAML syntax"),
         ("id: wrong-name\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
-         "references: ['https://x.org']\nexamples: {match: [a, a], no_match: [b, b]}\n", 1, "must equal the file name"),
+         "references: ['https://x.org']\nsource: [{url: 'https://x.org'}]\nexamples: {match: [a, a], no_match: [b, b]}\n", 1, "must equal the file name"),
         ("id: x\ntitle: t t t\nclass: not_a_class\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
-         "references: ['https://x.org']\nexamples: {match: [a, a], no_match: [b, b]}\n", 3, "unknown class"),
+         "references: ['https://x.org']\nsource: [{url: 'https://x.org'}]\nexamples: {match: [a, a], no_match: [b, b]}\n", 3, "unknown class"),
         ("id: x\ntitle: t t t\nclass: cuda_oom\npatterns:\n  - 'ok'\n  - '(?<=look)behind'\nmechanism: m\n"
-         "fix: [f]\nverify: [v]\nreferences: ['https://x.org']\nexamples: {match: [a, a], no_match: [b, b]}\n",
+         "fix: [f]\nverify: [v]\nreferences: ['https://x.org']\nsource: [{url: 'https://x.org'}]\nexamples: {match: [a, a], no_match: [b, b]}\n",
          6, "hyperscan cannot compile"),
         ("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nseverity: apocalyptic\nmechanism: m\nfix: [f]\n"
-         "verify: [v]\nreferences: ['https://x.org']\nexamples: {match: [a, a], no_match: [b, b]}\n", 5, "severity"),
+         "verify: [v]\nreferences: ['https://x.org']\nsource: [{url: 'https://x.org'}]\nexamples: {match: [a, a], no_match: [b, b]}\n", 5, "severity"),
         ("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
-         "references: ['https://x.org']\nexamples:\n  match: [a]\n  no_match: [b, b]\n", 10, "examples.match"),
+         "references: ['https://x.org']\nsource: [{url: 'https://x.org'}]\nexamples:\n  match: [a]\n  no_match: [b, b]\n", 11, "examples.match"),
+        ("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
+         "references: ['https://x.org']\nexamples: {match: [a, a], no_match: [b, b]}\n", 1, "needs source"),
+        ("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nconfidence: 0.7\nmechanism: m\nfix: [f]\n"
+         "verify: [v]\nreferences: ['https://x.org']\nsource: [{url: 'https://x.org'}]\n"
+         "examples: {match: [a, a], no_match: [b, b]}\n", 1, "tier boundary"),
+        ("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
+         "references: ['https://x.org']\nsource: [{repo: pytorch/pytorch}]\n"
+         "examples: {match: [a, a], no_match: [b, b]}\n", 9, "repo` and `path"),
     ],
 )
 def test_broken_rule_is_reported_as_file_line_what(tmp_path: Path, body: str, line: int, needle: str) -> None:

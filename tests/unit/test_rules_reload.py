@@ -38,6 +38,8 @@ CANARY_RULE = textwrap.dedent("""\
       - "None."
     references:
       - "https://example.org/reload-canary"
+    source:
+      - url: "https://example.org/reload-canary"
     examples:
       match:
         - "ROOTRANK_RELOAD_CANARY disk controller wedged"

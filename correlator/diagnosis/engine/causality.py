@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from correlator.diagnosis.engine.state import Aggregate
 from correlator.diagnosis.models import Signal
-from correlator.diagnosis.rules import Rule
+from correlator.diagnosis.rules import TIER_BOUNDARIES, Rule
 
 TEARDOWN_MARGIN_S = 900.0  # after a collective times out: the abort, the launcher's teardown, the exits
 GENERIC_CLASSES = frozenset({"python_exception"})
@@ -52,7 +52,8 @@ class Node:
 
 
 def tier(confidence: float) -> int:
-    return 2 if confidence >= 0.7 else 1 if confidence >= 0.45 else 0
+    high, middle = reversed(TIER_BOUNDARIES)
+    return 2 if confidence >= high else 1 if confidence >= middle else 0
 
 
 @dataclass
