@@ -29,7 +29,7 @@ from correlator.diagnosis.engine.identity import (
 from correlator.diagnosis.engine.incident import Choice, IncidentBuilder
 from correlator.diagnosis.engine.progress import Suspect, hang_suspect, inferred_missing, mismatch_suspect
 from correlator.diagnosis.engine.special import resolve_special, same_process
-from correlator.diagnosis.engine.state import GroupProgress, JobState, process_key, time_of
+from correlator.diagnosis.engine.state import GroupProgress, JobState, process_key, sort_key, time_of
 from correlator.diagnosis.engine.timeline import Clock, Timeline, build_timeline, estimate_clock
 from correlator.diagnosis.models import Incident, Signal
 from correlator.diagnosis.rules import Rule, RuleSet
@@ -38,6 +38,7 @@ _SEVERITY_RANK = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 SAME_PROCESS_RECOVERY_S = 1.0  # a progress line this long after a failure, from the same process
 ANONYMOUS_RECOVERY_S = 60.0  # the same, when neither line names its process (other ranks' steps in flight)
 TRACEBACK_S = 60.0  # lines of one traceback on one process
+MAX_RECOVERED_PER_WINDOW = 3
 
 
 class Engine:
@@ -72,6 +73,10 @@ class Engine:
         signals = [self._with_attempt(fill_identity(s, state.identity), state) for s in state.signals]
         timeline = build_timeline(signals, clock)
         aggregates = [self._aggregate_node(key, state, clock) for key in sorted(state.aggregates)]
+        for node in aggregates:
+            # the attempt by every restart now known (the key holds the one known when its first line came)
+            first = min(node.aggregate.samples, key=sort_key)  # type: ignore[union-attr]
+            node.attempt = state.attempt_of(first)
         by_attempt: dict[int, tuple[list[Signal], list[Node]]] = defaultdict(lambda: ([], []))
         for s in signals:
             by_attempt[s.attempt or 0][0].append(s)
@@ -81,9 +86,7 @@ class Engine:
         for attempt in sorted(by_attempt):
             attempt_signals, attempt_aggregates = by_attempt[attempt]
             for window, window_aggregates in self._windows(attempt_signals, attempt_aggregates, timeline):
-                incident = self._window_incident(state, attempt, window, window_aggregates, timeline, now_t)
-                if incident is not None:
-                    incidents.append(incident)
+                incidents.extend(self._window_incidents(state, attempt, window, window_aggregates, timeline, now_t))
         incidents.sort(key=_primary_order)
         return incidents
 
@@ -134,7 +137,7 @@ class Engine:
 
     # --- one window ---------------------------------------------------------------------
 
-    def _window_incident(
+    def _window_incidents(
         self,
         state: JobState,
         attempt: int,
@@ -142,11 +145,11 @@ class Engine:
         aggregates: Sequence[Node],
         timeline: Timeline,
         now_t: float | None,
-    ) -> Incident | None:
+    ) -> list[Incident]:
         matches = [s for s in resolve_special(self.rules, window, timeline, now_t) if s.class_]
         nodes = [Node(s, timeline.t(s), attempt) for s in matches] + list(aggregates)
         if not nodes or max(_SEVERITY_RANK.get(n.signal.severity, 2) for n in nodes) == 0:
-            return None
+            return []
         groups = {k.split(":", 1)[1]: g for k, g in state.groups.items() if k.split(":", 1)[0] == str(attempt)}
         causality = Causality(self.rules, self.roles, self._timeout_s(groups), _tolerance(timeline.clock))
         recovered = {id(n): reason for n in nodes if (reason := self._recovery(n, state, timeline, attempt))}
@@ -161,17 +164,41 @@ class Engine:
         pool = _specific_over_generic(pool)
         reports = _failure_reports(nodes)
         live = [n for n in nodes if id(n) not in recovered]
+        incidents: list[Incident] = []
         if pool:
+            consequences = {id(e) for e in explained.values() if e is not None}
             top = max(tier(causality.confidence(c)) for c in pool)
-            primary = min((c for c in pool if tier(causality.confidence(c)) == top), key=Node.key)
+            # Within the tier: a cause that explains what followed before one that explains nothing, then time.
+            primary = min((c for c in pool if tier(causality.confidence(c)) == top),
+                          key=lambda c: (id(c) not in consequences, c.key()))
             signal, note = named_by_reports(corroborated(primary.signal, matches), reports)
             choice = Choice(primary=primary, signal=signal, identity_note=note)
+            incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
         elif live and any(_SEVERITY_RANK.get(n.signal.severity, 2) > 1 for n in live):
             choice = self._victim_choice(live, explained, causality, groups, state.world_size, reports)
-        else:
-            first = min(nodes, key=Node.key)
-            choice = Choice(primary=first, signal=first.signal, recovered=recovered.get(id(first), "recovered"))
-        return self.builder.build(state, attempt, nodes, explained, causality, choice, timeline)
+            incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
+        incidents.extend(self._recovered_incidents(state, attempt, nodes, recovered, causality, timeline))
+        return incidents
+
+    def _recovered_incidents(
+        self, state: JobState, attempt: int, nodes: list[Node], recovered: dict[int, str], causality: Causality,
+        timeline: Timeline,
+    ) -> list[Incident]:
+        """One warning per failure the job went on after (class and process), the first few."""
+        seen: set[tuple[str, str]] = set()
+        out: list[Incident] = []
+        for node in sorted((n for n in nodes if id(n) in recovered), key=Node.key):
+            if causality.role(node) not in ("cause", "either") or node.signal.severity == "info":
+                continue
+            key = (node.cls, process_key(node.signal))
+            if key in seen:
+                continue
+            seen.add(key)
+            choice = Choice(primary=node, signal=node.signal, recovered=recovered[id(node)])
+            out.append(self.builder.build(state, attempt, [node], {}, causality, choice, timeline))
+            if len(out) >= MAX_RECOVERED_PER_WINDOW:
+                break
+        return out
 
     def _victim_choice(
         self,
@@ -215,7 +242,7 @@ class Engine:
             return ""  # the attempt ended in a restart: whatever failed in it was not survived
         raw = time_of(s)
         for done in state.completions:
-            if done.after(raw, s.file, s.order) and state.attempt_at(done.t, done.file, done.order) == attempt:
+            if done.after(raw, s.file, s.order) and state.attempt_at(done.t, s.host, done.file, done.order) == attempt:
                 return "training completed after it"
         key = process_key(s)
         progress = state.progress.get(key)
@@ -250,13 +277,11 @@ def _failure_reports(nodes: list[Node]) -> list[Signal]:
 
 def _restarted_after(state: JobState, signal: Signal) -> bool:
     t = time_of(signal)
-    for restart in state.restarts:
-        if restart.ts is not None and t is not None:
-            if restart.ts > t:
-                return True
-        elif restart.file == signal.file and restart.order is not None and restart.order > signal.order:
-            return True
-    return False
+    return any(
+        not restart.before(t, signal.host, signal.file, signal.order)
+        and (t is not None and restart.ts is not None or restart.file == signal.file)
+        for restart in state.restarts
+    )
 
 
 def _tolerance(clock: Clock) -> float:

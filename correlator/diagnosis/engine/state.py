@@ -187,14 +187,23 @@ class Mark(BaseModel):
 
 
 class Restart(BaseModel):
+    """One restart of the job, as every agent logged it: on each host's own clock, so a host's lines are
+    split at its own restart line."""
+
     model_config = ConfigDict(extra="ignore")
 
-    ts: float | None = None
+    ts: float | None = None  # the earliest host's time
     restart_count: int | None = None
-    hosts: int = 1
+    hosts: dict[str, float] = Field(default_factory=dict)
     # where an untimed restart line stood: lines after it in the same file are of the next attempt
     file: str | None = None
     order: int | None = None
+
+    def before(self, t: float | None, host: str | None, file: str | None, order: int | None) -> bool:
+        """Whether a line at (t, host) or (file, order) came after this restart."""
+        if t is not None and self.ts is not None:
+            return self.hosts.get(host or "", self.ts) <= t
+        return self.file == file and self.order is not None and order is not None and self.order < order
 
 
 class JobState(BaseModel):
@@ -252,16 +261,13 @@ class JobState(BaseModel):
         so far: those before it in time, or, for untimed lines, before it in the same file."""
         if signal.attempt is not None:
             return signal.attempt
-        return self.attempt_at(time_of(signal), signal.file, signal.order)
+        return self.attempt_at(time_of(signal), signal.host, signal.file, signal.order)
 
-    def attempt_at(self, t: float | None, file: str | None = None, order: int | None = None) -> int:
+    def attempt_at(self, t: float | None, host: str | None = None, file: str | None = None,
+                   order: int | None = None) -> int:
         attempt = 0
         for restart in self.restarts:
-            if restart.ts is not None and t is not None:
-                before = restart.ts <= t
-            else:
-                before = restart.file == file and restart.order is not None and order is not None and restart.order < order
-            if before:
+            if restart.before(t, host, file, order):
                 attempt = restart.restart_count if restart.restart_count is not None else attempt + 1
         return attempt
 
@@ -497,11 +503,16 @@ class JobState(BaseModel):
             if same:
                 if t is not None:
                     restart.ts = t if restart.ts is None else min(restart.ts, t)
-                restart.hosts += 1
+                    host = signal.host or ""
+                    if len(restart.hosts) < MAX_HOSTS_PER_ANCHOR:
+                        restart.hosts[host] = min(restart.hosts.get(host, t), t)
+                if restart.restart_count is None and count is not None:
+                    restart.restart_count = count
                 return False
         if len(self.restarts) >= MAX_RESTARTS:
             return False
-        self.restarts.append(Restart(ts=t, restart_count=count, file=signal.file, order=signal.order))
+        hosts = {signal.host or "": t} if t is not None else {}
+        self.restarts.append(Restart(ts=t, restart_count=count, hosts=hosts, file=signal.file, order=signal.order))
         self.restarts.sort(key=lambda r: (r.ts if r.ts is not None else float("inf"), r.order or 0))
         return True
 

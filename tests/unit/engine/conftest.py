@@ -66,13 +66,46 @@ class JobBuilder:
             )
         )
 
-    def init_lines(self) -> None:
+    def init_lines(self, at_s: float = 0.0) -> None:
         for r in range(self.world):
+            dev = r % self.per_host
             self.emit(
-                r, self.rng.uniform(0, 1),
+                r, at_s + self.rng.uniform(0, 1),
                 f"NCCL INFO ncclCommInitRank comm 0x55d0c8a1{r:04x} rank {r} nranks {self.world} cudaDev "
-                f"{r % self.per_host} nvmlDev {r % self.per_host} busId 41000 commId 0x9f3c - Init COMPLETE",
+                f"{dev} nvmlDev {dev} busId {self.bus_id(dev)} commId 0x9f3c - Init COMPLETE",
             )
+
+    @staticmethod
+    def bus_id(dev: int) -> str:
+        """NCCL's busId of a host's GPU `dev` (bus << 12, hex): 18000, 2a000, ..."""
+        return f"{(0x18 + dev * 0x12) << 12:x}"
+
+    def pg_init(self, rank: int, at_s: float, pg: int, pg_rank: int, size: int, timeout_ms: int = 600000) -> None:
+        self.emit(
+            rank, at_s,
+            f"[rank{rank}]:[I314 09:26:53.000000000 ProcessGroupNCCL.cpp:919] [PG ID {pg} PG GUID {pg} Rank {pg_rank}] "
+            f"ProcessGroupNCCL initialization options: size: {size}, global rank: {rank}, TIMEOUT(ms): {timeout_ms}, "
+            "USE_HIGH_PRIORITY_STREAM: 0, SPLIT_FROM: 0, SPLIT_COLOR: 0, PG Name: x",
+        )
+
+    def watchdog_pg(self, rank: int, at_s: float, pg: int, pg_rank: int, seq: int, enqueued: int, completed: int,
+                    op: str = "ALLREDUCE", numel: int = 1048576, timeout_ms: int = 600000) -> None:
+        """The two lines a 2.6 watchdog prints for one timed-out collective of group `pg`."""
+        prefix = f"[rank{rank}]:[E314 09:37:00.000000000 ProcessGroupNCCL.cpp:632] [PG ID {pg} PG GUID {pg} Rank {pg_rank}]"
+        self.emit(
+            rank, at_s,
+            f"{prefix} Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, "
+            f"NumelIn={numel}, NumelOut={numel}, Timeout(ms)={timeout_ms}) ran for {timeout_ms + 21} milliseconds "
+            "before timing out.",
+        )
+        self.emit(
+            rank, at_s + 0.01,
+            f"{prefix}  failure detected by watchdog at work sequence id: {seq} PG status: last enqueued work: "
+            f"{enqueued}, last completed work: {completed}",
+        )
+
+    def progress(self, rank: int, at_s: float, step: int) -> None:
+        self.emit(rank, at_s, f"[rank{rank}]: {{'loss': 2.31, 'grad_norm': 1.02, 'learning_rate': 3e-05, 'epoch': 0.{step}}}")
 
     def watchdog(self, rank: int, at_s: float, seq: int, completed: int) -> None:
         self.emit(
