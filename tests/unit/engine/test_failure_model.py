@@ -10,7 +10,6 @@ from pathlib import Path
 
 import orjson
 
-
 from correlator.diagnosis.engine import Engine, JobState
 from correlator.diagnosis.matcher import Matcher
 from correlator.diagnosis.rules import default_rules_dir, load_ruleset
