@@ -215,13 +215,13 @@ def test_the_stuck_rank_is_named_from_the_group_that_timed_out_not_by_mixing_gro
 
 
 def test_the_rank_whose_enqueued_counter_lags_is_the_straggler(engine: Engine, extractor: SignalExtractor) -> None:
-    """Every rank waits in collective 612 and says so; rank 9 last enqueued 611: it never reached it.
-    Last completed is 611 everywhere (nobody completes a hung collective). (Off: comparing last completed
-    -> no suspect.)"""
+    """Every rank's collective 612 timed out; the others had enqueued up to 614 behind it, rank 9 only 612:
+    it is the one that fell behind. Last completed is 611 everywhere (nobody completes a hung collective).
+    (Off: comparing last completed -> no suspect.)"""
     job = _tp_job(seed=32)
     for r in range(job.world):
-        job.watchdog_pg(r, 700.0 + job.rng.uniform(0, 0.2), pg=0, pg_rank=r, seq=611 if r == 9 else 612,
-                        enqueued=611 if r == 9 else 612, completed=610 if r == 9 else 611)
+        job.watchdog_pg(r, 700.0 + job.rng.uniform(0, 0.2), pg=0, pg_rank=r, seq=612,
+                        enqueued=612 if r == 9 else 614, completed=611)
     primary = run(engine, extractor, list(job.shuffled()))[0]
     assert (primary.class_, primary.initiator.rank) == ("straggler_hang", 9)
 
@@ -272,6 +272,7 @@ def test_the_launchers_first_observed_failure_never_outranks_a_cause_line(
                           "(exitcode: 1) local_rank: 2 (pid: 40002) of binary: /usr/bin/python3", host=host)
     primary = run(engine, extractor, list(job.shuffled()))[0]
     assert (primary.class_, primary.initiator.rank) == ("cuda_oom", 5)
+    assert (primary.initiator.local_rank, primary.initiator.pid) == (5, 40005)
 
 
 def test_a_kernel_line_maps_to_the_rank_through_the_gpu_bus_id_of_that_hosts_nccl_init(
