@@ -22,6 +22,9 @@ from correlator.diagnosis.patterns import cache_dir, compile_single, pattern_fla
 
 RuleKind = Literal["signature", "fact"]
 TIER_BOUNDARIES = (0.45, 0.7)  # the engine's confidence tiers (causality.tier)
+# Classes that name no failure of their own, only that one happened: a last resort, never chosen over a
+# specific class on the same line or in the same traceback, whatever the confidences.
+GENERIC_CLASSES = frozenset({"python_exception"})
 FactKind = Literal["progress", "world_size", "heartbeat", "step", "checkpoint", "identity", "restart", "completion", "collective"]
 
 

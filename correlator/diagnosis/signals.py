@@ -7,7 +7,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 from correlator.diagnosis.matcher import Hit, Matcher
 from correlator.diagnosis.models import MAX_EVIDENCE_LINE, Signal
-from correlator.diagnosis.rules import Rule, RuleSet
+from correlator.diagnosis.rules import GENERIC_CLASSES, Rule, RuleSet
 from ingest.event import LogEvent
 
 # Fields a rule may extract that describe *who* failed; they override the identity of the line's writer
@@ -27,7 +27,8 @@ def _coerce(value: str) -> str | int | float:
 
 
 def best_hits_per_line(hits: Sequence[tuple[int, Hit]], rules: Sequence[Rule]) -> list[tuple[int, Hit]]:
-    """Keep, per line, every fact/marker hit but only the most confident signature hit.
+    """Keep, per line, every fact/marker hit but only the most specific signature hit: a specific class over a
+    generic one, then the most confident.
 
     One line is one failure: "watchdog thread terminated with exception: CUDA error: an illegal memory
     access" is an illegal memory access, not also an NCCL timeout.
@@ -43,11 +44,15 @@ def best_hits_per_line(hits: Sequence[tuple[int, Hit]], rules: Sequence[Rule]) -
             out.append((index, hit))
             continue
         current = best.get(index)
-        if current is None or rule.confidence > rules[current[1].rule_index].confidence:
+        if current is None or _rank(rule) > _rank(rules[current[1].rule_index]):
             best[index] = (index, hit)
     out.extend(best.values())
     out.sort(key=lambda pair: (pair[0], pair[1].rule_index))
     return out
+
+
+def _rank(rule: Rule) -> tuple[bool, float]:
+    return (rule.class_ not in GENERIC_CLASSES, rule.confidence)
 
 
 class SignalExtractor:
