@@ -131,7 +131,8 @@ class Axis:
 
     def breaks(self) -> list[tuple[float, float]]:
         """(x of the break, seconds skipped) between consecutive clusters."""
-        return [(a.x0 + a.width + BREAK_W / 2, b.start - a.end) for a, b in zip(self.clusters, self.clusters[1:], strict=False)]
+        pairs = zip(self.clusters, self.clusters[1:], strict=False)
+        return [(a.x0 + a.width + BREAK_W / 2, b.start - a.end) for a, b in pairs]
 
     def ticks(self) -> list[tuple[float, float]]:
         out: list[tuple[float, float]] = []
