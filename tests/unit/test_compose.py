@@ -13,9 +13,9 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from correlator.cli import build_parser
 from correlator.config import Settings, load_settings
 from correlator.stream.app import available_roles
+from tests.fixtures.cli import parse_command_line
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -105,14 +105,14 @@ def test_health_checks_and_start_order(resolved: dict[str, Any]) -> None:
 
 
 def test_rootrank_commands_parse_and_health_port_matches(resolved: dict[str, Any]) -> None:
-    parser = build_parser()
     for name, service in _rootrank_services(resolved).items():
-        args = parser.parse_args(service["command"])  # exits (fails the test) on an unknown option
-        assert callable(args.func), name
+        command = parse_command_line(service["command"])  # raises (fails the test) on an unknown option
+        assert command.command.callback is not None, name
         if service["command"][0] == "worker":
-            assert args.web_port == 6066 and "6066/readyz" in " ".join(service["healthcheck"]["test"])
+            assert command.params["web_port"] == 6066
+            assert "6066/readyz" in " ".join(service["healthcheck"]["test"])
         if service["command"][0] == "setup":
-            assert args.kibana == "http://kibana:5601"
+            assert command.params["kibana"] == "http://kibana:5601"
 
 
 def _setting_exists(env_name: str) -> bool:

@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from correlator.cli import build_parser
 from correlator.config import Settings, load_settings
 from correlator.stream.app import available_roles
+from tests.fixtures.cli import parse_command_line
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 
@@ -29,16 +29,16 @@ def of_kind(kind: str) -> list[dict[str, Any]]:
 
 
 def test_every_role_has_a_deployment_with_liveness_and_readiness_probes() -> None:
-    parser = build_parser()
     roles = set()
     for deployment in of_kind("Deployment"):
         spec = deployment["spec"]
         assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
         [container] = spec["template"]["spec"]["containers"]
-        args = parser.parse_args(container["args"])  # exits (fails the test) on an unknown option
-        roles.add(args.role)
+        command = parse_command_line(container["args"])  # raises (fails the test) on an unknown option
+        assert command.command_path == "rootrank worker"
+        roles.add(command.params["role"])
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert ports["metrics"] == args.web_port
+        assert ports["metrics"] == command.params["web_port"]
         assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
         assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
         env = {e["name"]: e["value"] for e in container["env"]}

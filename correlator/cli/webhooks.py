@@ -1,0 +1,126 @@
+"""`rootrank webhooks add|list|remove`: a job's webhook registrations on a running worker's HTTP API."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from correlator.cli.settings import config_option
+
+if TYPE_CHECKING:
+    from correlator.sinks.webhooks.client import WebhooksClient
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def worker_api_options(function: F) -> F:
+    """The job and how to reach the worker: every action takes them."""
+    function = config_option(function)
+    function = click.option("--token-file", metavar="FILE", help="File holding the API token.")(function)
+    function = click.option(
+        "--api", metavar="URL",
+        help="Worker URL; when not given: $ROOTRANK_API_URL, else http://127.0.0.1:<web_port>.",
+    )(function)
+    return click.option("--job", required=True, help="Job id whose webhooks to change or list.")(function)
+
+
+def _worker_client(api: str | None, token_file: str | None, config: str | None) -> WebhooksClient:
+    import os
+
+    from correlator.config import load_settings
+    from correlator.sinks.webhooks.client import WebhooksClient, resolve_token
+
+    settings = load_settings(config)
+    configured = settings.webhooks.api_token.get_secret_value() if settings.webhooks.api_token else None
+    api = api or os.environ.get("ROOTRANK_API_URL") or f"http://127.0.0.1:{settings.web_port}"
+    return WebhooksClient(api, resolve_token(token_file, configured))
+
+
+def _report(exc: Exception) -> int:
+    print(f"rootrank webhooks: {exc}", file=sys.stderr)
+    return 1
+
+
+@click.group("webhooks", short_help="Register, list and remove a job's webhooks on a running worker.")
+def webhooks() -> None:
+    """Register, list and remove a job's webhooks on a running worker.
+
+    Talks to the worker's /jobs/{job_id}/webhooks API. The token for add/remove comes from
+    $ROOTRANK_API_TOKEN, --token-file or the config's webhooks.api_token (never a flag: shell history).
+    """
+
+
+@webhooks.command("add", short_help="Add (or replace) a webhook of the job.")
+@worker_api_options
+@click.argument("url", metavar="[URL]", required=False)
+@click.option("--kind", type=click.Choice(["generic_json", "slack", "pagerduty", "alertmanager"]),
+              default="generic_json", help="Receiver the payload is shaped for.")
+@click.option("--generate-secret", is_flag=True, help="Sign with a new whsec_ secret, printed once.")
+@click.option("--secret-file", metavar="FILE", help="File holding a whsec_... signing secret (generic_json).")
+@click.option("--routing-key-file", metavar="FILE",
+              help="File holding the PagerDuty routing key (pagerduty).")
+@click.option("--min-severity", type=click.Choice(["info", "low", "medium", "high", "critical"]),
+              help="Only incidents of this severity or above.")
+@click.option("--class", "classes", multiple=True, metavar="GLOB", help="Only these classes (repeat).")
+def add(job: str, api: str | None, token_file: str | None, config: str | None, **registration: Any) -> int:
+    """Add (or replace) a webhook of the job: POST its incidents to URL (optional for pagerduty)."""
+    from correlator.sinks.webhooks.client import ClientError, registration_from_args
+
+    client = _worker_client(api, token_file, config)
+    try:
+        body, generated = registration_from_args(SimpleNamespace(**registration))
+        view = client.add(job, body)["webhook"]
+    except (ClientError, OSError) as exc:
+        return _report(exc)
+    print(f"{view['id']}  {view['kind']}  {view['target']}  (job {job})")
+    if generated:
+        print(f"signing secret (shown once; give it to the receiver): {generated}")
+    return 0
+
+
+@webhooks.command("list", short_help="List the job's webhooks.")
+@worker_api_options
+def list_(job: str, api: str | None, token_file: str | None, config: str | None) -> int:
+    """List the job's webhooks."""
+    from correlator.sinks.webhooks.client import ClientError
+
+    client = _worker_client(api, token_file, config)
+    try:
+        registrations = client.list(job)
+    except (ClientError, OSError) as exc:
+        return _report(exc)
+    for view in registrations:
+        filters = " ".join(
+            part for part in (
+                f"min_severity={view['min_severity']}" if view["min_severity"] else "",
+                f"classes={','.join(view['classes'])}" if view["classes"] else "",
+                "signed" if view["signed"] else "",
+            ) if part
+        )
+        print(f"{view['id']}  {view['kind']}  {view['target']}  {filters}".rstrip())
+    return 0
+
+
+@webhooks.command("remove", short_help="Remove a webhook by URL or id, or all of them.")
+@worker_api_options
+@click.argument("url", metavar="[URL]", required=False)
+@click.option("--id", "registration_id", help="Webhook id (from list).")
+@click.option("--all", "everything", is_flag=True, help="Remove every webhook of the job.")
+def remove(job: str, api: str | None, token_file: str | None, config: str | None, url: str | None,
+           registration_id: str | None, everything: bool) -> int:
+    """Remove the job's webhook at URL, or the one with --id, or all of them."""
+    if not (url or registration_id or everything):
+        raise click.UsageError("give a URL, --id or --all")
+    from correlator.sinks.webhooks.client import ClientError
+
+    client = _worker_client(api, token_file, config)
+    try:
+        removed = client.remove(job, url=url, registration_id=registration_id, everything=everything)
+    except (ClientError, OSError) as exc:
+        return _report(exc)
+    print(f"removed {removed} webhook(s) of job {job}")
+    return 0
