@@ -9,7 +9,7 @@ are read by one thread per pipe in large chunks, written straight through to our
 and handed to a bounded in-memory queue that spills to a disk file when the batcher falls behind;
 nothing on that path waits for the network (past that file's bound, output is dropped, and said
 so loudly). A batcher thread splits chunks into lines and packs
-them into messages (ship_format: identity once per message, each line `[ts, stream, text]`,
+them into messages (wire_format.py: identity once per message, each line `[ts, stream, text]`,
 bounded by size and by a linger time). Messages go to Kafka with acks=all and compression; while
 Kafka is down or slow they go to a bounded disk spool that a drain thread sends, in order, when
 the broker is back, also after a restart of the shipper. Positions of followed files are saved
