@@ -105,10 +105,6 @@ class Spool:
     def __len__(self) -> int:
         return self._count
 
-    @property
-    def pending_bytes(self) -> int:
-        return self._bytes
-
     def append(self, payload: bytes) -> bool:
         """Add a record at the end. False (and counted in `dropped`) when the spool is full."""
         size = len(payload) + _HEADER.size

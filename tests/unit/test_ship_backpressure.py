@@ -12,21 +12,13 @@ from typing import Any
 import orjson
 import pytest
 
-from ingest.ship import runner as ship
-from ingest.ship.runner import (
-    Batcher,
-    Chunk,
-    ChunkQueue,
-    Message,
-    Positions,
-    Sender,
-    ShipOptions,
-    ShipStats,
-    Source,
-    _pack_message,
-    _unpack_message,
-    file_reader,
-)
+from ingest.ship import readers as ship_readers
+from ingest.ship.batcher import Batcher
+from ingest.ship.chunks import Chunk, ChunkQueue, Source
+from ingest.ship.options import ShipOptions, ShipStats
+from ingest.ship.positions import Positions
+from ingest.ship.readers import file_reader
+from ingest.ship.sender import Message, Sender, _pack_message, _unpack_message
 from ingest.ship.spool import Spool
 
 
@@ -75,7 +67,7 @@ def test_a_waiting_file_chunk_gives_up_when_stopped(tmp_path: Path) -> None:
 
 def test_file_reader_waits_for_a_slow_consumer_and_loses_nothing(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ship, "READ_CHUNK", 4096)
+    monkeypatch.setattr(ship_readers, "READ_CHUNK", 4096)
     data = b"".join(b"line %06d %s\n" % (i, b"z" * (i % 50)) for i in range(20_000))
     path = tmp_path / "rank0.log"
     path.write_bytes(data)
@@ -98,7 +90,7 @@ def test_file_reader_waits_for_a_slow_consumer_and_loses_nothing(tmp_path: Path,
 
 def test_file_reader_stopped_while_waiting_ends_at_a_whole_line(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ship, "READ_CHUNK", 1000)
+    monkeypatch.setattr(ship_readers, "READ_CHUNK", 1000)
     data = b"".join(b"line %d\n" % i for i in range(5000))
     path = tmp_path / "rank0.log"
     path.write_bytes(data)

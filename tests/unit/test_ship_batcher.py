@@ -9,16 +9,11 @@ from pathlib import Path
 import orjson
 
 from ingest.decoders import decode_value
-from ingest.ship.runner import (
-    Batcher,
-    Chunk,
-    Positions,
-    Sender,
-    ShipOptions,
-    ShipStats,
-    Source,
-    _unpack_message,
-)
+from ingest.ship.batcher import Batcher
+from ingest.ship.chunks import Chunk, Source
+from ingest.ship.options import ShipOptions, ShipStats
+from ingest.ship.positions import Positions
+from ingest.ship.sender import Sender, _unpack_message
 from ingest.ship.spool import Spool
 
 T = 1773480413.0

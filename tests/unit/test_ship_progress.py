@@ -15,6 +15,10 @@ import orjson
 import pytest
 
 from ingest.ship import progress as ship_progress
+from ingest.ship.batcher import Batcher
+from ingest.ship.chunks import Chunk, Source
+from ingest.ship.options import ShipOptions, ShipStats
+from ingest.ship.positions import BacklogFile, Positions, measure_backlog
 from ingest.ship.progress import (
     AUTO_MIN_BYTES,
     BacklogProgress,
@@ -25,20 +29,8 @@ from ingest.ship.progress import (
     progress_mode,
     status_line,
 )
-from ingest.ship.runner import (
-    BacklogFile,
-    Batcher,
-    Chunk,
-    Message,
-    Positions,
-    Sender,
-    ShipOptions,
-    ShipStats,
-    Source,
-    _pack_message,
-    _start_progress,
-    measure_backlog,
-)
+from ingest.ship.runner import _start_progress
+from ingest.ship.sender import Message, Sender, _pack_message
 from ingest.ship.spool import Spool
 
 MiB = 1 << 20

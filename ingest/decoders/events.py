@@ -1,0 +1,122 @@
+"""A record -> the canonical `LogEvent` (`to_event`), and the job it belongs to (`job_id_for`)."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from ingest.decoders.fields import POD_NAME
+from ingest.decoders.records import RawRecord
+from ingest.event import MAX_LINE_CHARS, LogEvent
+from ingest.prefixes import Identity, parse_prefixes
+
+_JOB_LABELS = (
+    "training.kubeflow.org/job-name",
+    "job-name",
+    "kubeflow.org/job-name",
+    "batch.kubernetes.io/job-name",
+    # Filebeat de-dots label keys by default (labels.dedot: true)
+    "training_kubeflow_org/job-name",
+    "kubeflow_org/job-name",
+    "batch_kubernetes_io/job-name",
+    "volcano.sh/job-name",
+    "jobset.sigs.k8s.io/jobset-name",
+)
+_SLURM_LABELS = ("SLURM_JOB_ID", "slurm_job_id", "slurm.job_id")
+_SLURM_FILE = re.compile(r"(?:^|/)slurm-(\d+(?:_\d+)?)\.(?:out|err|log)$")
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def _job_hint(record: RawRecord, path_regex: str | None) -> str | None:
+    """Everything job_id_for tries before falling back to the host."""
+    if record.job_id:
+        return record.job_id
+    labels = record.labels
+    if labels:
+        for key in _JOB_LABELS:
+            value = labels.get(key)
+            if value:
+                return value
+    pod = labels.get("k8s.pod") if labels else None
+    for name in (pod, record.host):
+        if name:
+            m = POD_NAME.match(name)
+            if m is not None:
+                return m["job"]
+    if record.file:
+        m = _SLURM_FILE.search(record.file)
+        if m is not None:
+            return m[1]
+    if labels:
+        for key in _SLURM_LABELS:
+            value = labels.get(key)
+            if value:
+                return value
+    if path_regex and record.file:
+        m = _compiled(path_regex).search(record.file)
+        if m is not None and m.groupdict().get("job"):
+            return m["job"]
+    return None
+
+
+def job_id_for(record: RawRecord, *, path_regex: str | None = None) -> str:
+    """The job a record belongs to. First hit of: the explicit `job_id`; a Kubeflow/batch job
+    label; the pod name `JOB-worker-N` / `JOB-master-0` / `JOB-launcher-xxxxx` (from the pod
+    label, or the host when it is a pod name); Slurm's `slurm-%j.out` file or SLURM_JOB_ID label;
+    `path_regex`'s named group `job` on the file path; the host; "unknown"."""
+    return _job_hint(record, path_regex) or record.host or "unknown"
+
+
+def to_event(
+    record: RawRecord,
+    *,
+    identity: Identity | None = None,
+    default_job: str | None = None,
+    offset: int | None = None,
+    path_regex: str | None = None,
+) -> LogEvent:
+    """The canonical event for one record.
+
+    Identity from the line's prefixes fills what the record lacks (the record's explicit fields
+    win); when the two name different hosts, the prefix's goes to `labels["origin_host"]`.
+    The time is the line's own when it has one, else the record's. Job: explicit, then labels /
+    pod name / Slurm / `path_regex`, then `default_job`, then the host, then "unknown".
+    """
+    if identity is None:
+        identity = parse_prefixes(record.text, year=record.ts.year if record.ts is not None else None)
+    job = _job_hint(record, path_regex) or default_job or record.host or "unknown"
+    labels = dict(record.labels)
+    host = record.host or identity.host
+    if identity.host and record.host and identity.host != record.host:
+        labels["origin_host"] = identity.host
+    line = identity.text
+    truncated = labels.get("truncated") == "1"
+    if len(line) > MAX_LINE_CHARS:
+        line = line[:MAX_LINE_CHARS]
+        truncated = True
+    raw_line = record.text if record.text != line else None
+    if raw_line is not None and len(raw_line) > MAX_LINE_CHARS:
+        raw_line = raw_line[:MAX_LINE_CHARS]
+    return LogEvent(
+        job_id=job,
+        host=host,
+        rank=record.rank if record.rank is not None else identity.rank,
+        local_rank=record.local_rank if record.local_rank is not None else identity.local_rank,
+        pid=record.pid if record.pid is not None else identity.pid,
+        gpu=identity.gpu,
+        ts=identity.ts or record.ts,
+        received_ts=record.received_ts,
+        source=record.source,
+        stream=record.stream,
+        file=record.file,
+        offset=offset if offset is not None else record.offset,
+        line=line,
+        raw_line=raw_line,
+        truncated=truncated,
+        attempt=record.attempt,
+        labels=labels,
+    )

@@ -1,0 +1,128 @@
+"""What every decoder makes: `RawRecord`s (one line each, with the forwarder's metadata), the
+on-demand `DecodedLines`, `DecodeError`, and the text -> lines -> records steps they share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+class DecodeError(ValueError):
+    """A message value that cannot be turned into records. `reason` is short and machine-friendly:
+    empty, too_large, bad_json, no_text_field, bad_record, unsupported_version."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class RawRecord:
+    """One line as the forwarder delivered it, with the metadata the forwarder attached.
+
+    `labels` carries Kubernetes pod labels as they are, plus rootrank's own keys: `k8s.pod`,
+    `k8s.namespace`, `k8s.container`, `k8s.node`, `pod_index`, `syslog_tag`, `truncated`.
+    """
+
+    text: str
+    source: str = "plain"
+    host: str | None = None
+    job_id: str | None = None
+    file: str | None = None
+    stream: str | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    attempt: int | None = None
+    ts: datetime | None = None
+    received_ts: datetime | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    offset: int | None = None
+
+
+def truncate(line: str, max_line_bytes: int) -> tuple[str, bool]:
+    if len(line) * 4 <= max_line_bytes:  # fast path: cannot exceed the limit even if all 4-byte
+        return line, False
+    encoded = line.encode("utf-8", "surrogatepass")
+    if len(encoded) <= max_line_bytes:
+        return line, False
+    return encoded[:max_line_bytes].decode("utf-8", "ignore"), True
+
+
+def split_lines(text: str) -> list[str]:
+    """Newline-separated lines, without the newline (or CRLF) and without empty lines."""
+    if "\n" not in text:
+        line = text.removesuffix("\r")
+        return [line] if line.strip() else []
+    out = []
+    for line in text.split("\n"):
+        line = line.removesuffix("\r")
+        if line.strip():
+            out.append(line)
+    return out
+
+
+def records_from_text(text: str, template: RawRecord, max_line_bytes: int) -> list[RawRecord]:
+    return records_from_lines(split_lines(text), template, max_line_bytes)
+
+
+def records_from_lines(lines: list[str], template: RawRecord, max_line_bytes: int) -> list[RawRecord]:
+    out: list[RawRecord] = []
+    for line in lines:
+        line, cut = truncate(line, max_line_bytes)
+        labels = dict(template.labels)
+        if cut:
+            labels["truncated"] = "1"
+        out.append(
+            RawRecord(
+                text=line,
+                source=template.source,
+                host=template.host,
+                job_id=template.job_id,
+                file=template.file,
+                stream=template.stream,
+                rank=template.rank,
+                local_rank=template.local_rank,
+                pid=template.pid,
+                attempt=template.attempt,
+                ts=template.ts,
+                received_ts=template.received_ts,
+                labels=labels,
+                offset=template.offset,
+            )
+        )
+    return out
+
+
+class DecodedLines:
+    """The lines of one value: every line's text at once, its RawRecord only when asked for.
+
+    The streaming worker scans the texts and builds records (identity, timestamps, labels) only for
+    the lines that hit. `record(i)` is what `decode_value(...)[i]` would be.
+    """
+
+    __slots__ = ("_make", "_records", "texts")
+
+    def __init__(self, texts: list[str], records: list[RawRecord] | None = None,
+                 make: Callable[[int], RawRecord] | None = None) -> None:
+        self.texts = texts
+        self._records: list[RawRecord | None] = records if records is not None else [None] * len(texts)  # type: ignore[assignment]
+        self._make = make
+
+    @classmethod
+    def of(cls, records: list[RawRecord]) -> DecodedLines:
+        return cls([r.text for r in records], records)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def record(self, index: int) -> RawRecord:
+        record = self._records[index]
+        if record is None:
+            assert self._make is not None
+            record = self._records[index] = self._make(index)
+        return record
+
+    def records(self) -> list[RawRecord]:
+        return [self.record(i) for i in range(len(self.texts))]

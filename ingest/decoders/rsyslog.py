@@ -1,0 +1,92 @@
+"""rsyslog text: RSYSLOG_FileFormat, RSYSLOG_TraditionalFileFormat (RFC 3164) and RFC 5424 lines."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from ingest import timestamps as tsu
+from ingest.decoders.fields import int_field
+from ingest.decoders.records import RawRecord, truncate
+
+_TAG = r"([^\s\[\]:]+)(?:\[(\d+)\])?: ?"
+# RSYSLOG_FileFormat: 2024-05-01T12:00:00.123456+00:00 host tag[pid]: msg
+_RSYSLOG_FILE = re.compile(
+    r"(?:<\d{1,3}>)?(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) ([\w.:-]+) " + _TAG
+)
+# RSYSLOG_TraditionalFileFormat / RFC 3164: May  1 12:00:00 host tag[pid]: msg
+_RSYSLOG_TRAD = re.compile(
+    r"(?:<\d{1,3}>)?(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) ([ \d]?\d) (\d\d):(\d\d):(\d\d) "
+    r"([\w.:-]+) " + _TAG
+)
+# RFC 5424: <13>1 2024-05-01T12:00:00.123Z host app procid msgid [sd]|- msg
+_RFC5424 = re.compile(
+    r"<\d{1,3}>1 (\S+) (\S+) (\S+) (\S+) \S+ (?:-|(?:\[(?:[^\]\"\\]|\"(?:[^\"\\]|\\.)*\"|\\.)*\])+)(?: |$)"
+)
+
+
+def _syslog_line(
+    line: str, year_hint: int | None
+) -> tuple[str, datetime | None, str | None, str | None, int | None] | None:
+    """(message, ts, host, tag, pid) when `line` is a syslog line in one of rsyslog's formats."""
+    c = line[:1]
+    if c == "<":
+        m = _RFC5424.match(line)
+        if m is not None:
+            ts = None if m[1] == "-" else tsu.parse_iso(m[1])
+            host = None if m[2] == "-" else m[2]
+            tag = None if m[3] == "-" else m[3]
+            pid = int_field(m[4]) if m[4] != "-" else None
+            message = line[m.end() :]
+            message = message.removeprefix("\ufeff")
+            return message, ts, host, tag, pid
+    if c.isdigit() or c == "<":
+        m = _RSYSLOG_FILE.match(line)
+        if m is not None:
+            return line[m.end() :], tsu.parse_iso(m[1]), m[2], m[3], int_field(m[4])
+    if c.isalpha() or c == "<":
+        m = _RSYSLOG_TRAD.match(line)
+        if m is not None:
+            month = tsu.MONTHS[m[1]]
+            day = int(m[2])
+            ts = tsu.build(tsu.guess_year(month, day, year_hint), month, day, int(m[3]), int(m[4]), int(m[5]))
+            return line[m.end() :], ts, m[6], m[7], int_field(m[8])
+    return None
+
+
+def decode_syslog_lines(
+    lines: list[str], received_ts: datetime | None, max_line_bytes: int
+) -> list[RawRecord] | None:
+    year_hint = received_ts.year if received_ts is not None else None
+    first = _syslog_line(lines[0], year_hint)
+    if first is None:
+        return None
+    out: list[RawRecord] = []
+    parsed: tuple[str, datetime | None, str | None, str | None, int | None] | None = first
+    _, ts, host, tag, pid = first
+    for line in lines:
+        if parsed is None:
+            parsed = _syslog_line(line, year_hint)
+        if parsed is not None:
+            message, ts, host, tag, pid = parsed
+        else:
+            message = line  # a line of a multi-line message: same sender
+        parsed = None
+        message, cut = truncate(message, max_line_bytes)
+        labels = {"syslog_tag": tag} if tag else {}
+        if cut:
+            labels["truncated"] = "1"
+        if not message.strip():
+            continue
+        out.append(
+            RawRecord(
+                text=message,
+                source="rsyslog",
+                host=host,
+                pid=pid,
+                ts=ts,
+                received_ts=received_ts,
+                labels=labels,
+            )
+        )
+    return out
