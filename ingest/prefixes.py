@@ -75,8 +75,9 @@ _RANK_COLON = re.compile(r"\[[Rr]ank(\d+)\]: ?")
 _ROLE_LOCAL = re.compile(r"\[([A-Za-z_][A-Za-z_-]*?)(\d+)\]: ?")
 # OpenMPI --tag-output: [jobid,rank]<stream>:  and SageMaker's [1,mpirank:7,algo-1]<stderr>:
 _MPI = re.compile(r"\[(\d+),(?:mpirank:)?(\d+)(?:,([^\]\s,]+))?\]<(?:stdout|stderr|stddiag)>: ?")
-# [80746] [rank0]:  a pid in brackets, only when another identity prefix follows
-_PID_BRACKET = re.compile(r"\[(\d+)\] (?=\[(?:[Rr]ank\d+|[A-Za-z_]+\d+)\]:)")
+# [80746] [rank0]:  a number in brackets in front of an identity prefix: a log viewer's line number, not a pid
+# (no launcher writes a pid there); it is passed over, and says nothing about who wrote the line
+_LINE_NUMBER = re.compile(r"\[\d+\] (?=\[(?:[Rr]ank\d+|[A-Za-z_]+\d+)\]:)")
 # [RANK 1]  upper case, SimpleTuner / TRT-LLM style (NCCL's "[Rank 1]" is message text)
 _RANK_UPPER = re.compile(r"\[RANK (\d+)\] ?")
 # [2024-09-11 17:52:11,320]  and Ray's C++ logger [2024-04-16 00:03:25,080 E 7046 7269] file.cc:361:
@@ -228,6 +229,7 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
     ts: datetime | None = None
     ts_has_date = False
     severity: str | None = None
+    srun_task: int | None = None  # srun --label's task id: the rank unless a rank prefix says otherwise
 
     pos = 0
     n = len(line)
@@ -266,8 +268,8 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
                 host = host or m[3]
             elif (m := _ROLE_LOCAL.match(line, pos)) is not None:
                 local_rank = local_rank if local_rank is not None else int(m[2])
-            elif pos == 0 and (m := _PID_BRACKET.match(line, pos)) is not None:
-                pid = int(m[1])
+            elif pos == 0 and (m := _LINE_NUMBER.match(line, pos)) is not None:
+                pass
             elif (m := _TRTLLM.match(line, pos)) is not None:
                 if want_dated:
                     cand = tsu.build(int(m[3]), int(m[1]), int(m[2]), int(m[4]), int(m[5]), int(m[6]))
@@ -328,12 +330,12 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
                 pid = pid if pid is not None else int(m[2])
                 gpu = gpu or m[4]
             elif pos == 0 and (m := _SRUN.match(line, pos)) is not None:
-                rank = int(m[1])
+                srun_task = int(m[1])
             elif pos == 0 and (m := _GREP_FILE.match(line, pos)) is not None:
                 pass
         elif c == " ":
             if pos == 0 and (m := _SRUN.match(line, pos)) is not None:
-                rank = int(m[1])
+                srun_task = int(m[1])
         elif c.isalpha():
             if pos and _LETTER_GATE.match(line, pos) is None:
                 break
@@ -370,7 +372,7 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
 
     return Identity(
         text=line[pos:] if pos else line,
-        rank=rank,
+        rank=rank if rank is not None else srun_task,
         local_rank=local_rank,
         pid=pid,
         host=host,
@@ -383,12 +385,13 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
 
 # --- identity from file paths -----------------------------------------------------------------
 
-_PATH_RANK = re.compile(r"(?:^|[^A-Za-z])rank[_-]?(\d+)(?![\d])", re.IGNORECASE)
-_PATH_LOCAL_RANK = re.compile(r"local[_-]?rank[_-]?(\d+)(?!\d)", re.IGNORECASE)
+# Whole names only: "rank3", "rank_03", "rank-12", "worker-5" (a per-rank file), "local_rank5". Digits that
+# happen to follow "rank" inside an arbitrary name ("train_rank_03_debug", "ranking-2024") say nothing.
+_PATH_RANK = re.compile(r"^(?:rank|worker)[_-]?(\d+)$", re.IGNORECASE)
+_PATH_LOCAL_RANK = re.compile(r"^local[_-]?rank[_-]?(\d+)$", re.IGNORECASE)
 _PATH_POD = re.compile(
     r"^(?P<job>.+)-(?P<role>worker|master|launcher|chief|ps|evaluator)-(?P<idx>[0-9]+|[a-z0-9]{5})$"
 )
-_PATH_BARE_WORKER = re.compile(r"^worker[-_]?(\d+)$", re.IGNORECASE)
 _PATH_HOST_DIR = re.compile(r"^(?:node|host|nid|gpu-node|compute)[-_]?\d+$", re.IGNORECASE)
 _PATH_SLURM = re.compile(r"^slurm-(\d+(?:_\d+)?)\.(?:out|err|log)$")
 _PATH_ATTEMPT = re.compile(r"^attempt_(\d+)$")
@@ -410,9 +413,11 @@ def identity_from_path(path: str) -> dict[str, str | int]:
     """Hints about a log file's writer from its path.
 
     Keys (only those found): `rank`, `local_rank`, `host`, `job_id`, `pod_index`, `attempt`.
-    `rank3.log`/`rank_03`/`logs/rank3/stdout.log` -> rank; `JOB-worker-2.log` -> job_id=JOB,
+    Only names that follow a convention count, as whole names: `rank3.log`, `rank_03.log`, `worker-5.log`,
+    `logs/rank3/stdout.log` -> rank; `local_rank5.log` -> local_rank; `JOB-worker-2.log` -> job_id=JOB,
     pod_index=2 (a pod's index is not its global rank); `node01/...` or `node01.log` -> host;
-    `slurm-12345.out` -> job_id; torchelastic's `attempt_1/3/stdout.log` -> attempt, local_rank.
+    `slurm-12345.out` -> job_id; torchrun's `--log-dir` layout `<run>/attempt_1/3/stdout.log` -> attempt,
+    local_rank. Digits inside an arbitrary name (`train_rank3_debug.log`) are not identity.
     """
     hints: dict[str, str | int] = {}
     parts = [p for p in PurePath(path).parts if p not in ("/", "")]
@@ -430,9 +435,9 @@ def identity_from_path(path: str) -> dict[str, str | int]:
             if i + 1 < len(parts) - 1 and parts[i + 1].isdigit():
                 hints["local_rank"] = int(parts[i + 1])
             continue
-        if (m := _PATH_LOCAL_RANK.search(name)) is not None:
+        if (m := _PATH_LOCAL_RANK.match(name)) is not None:
             hints["local_rank"] = int(m[1])
-        elif (m := _PATH_RANK.search(name)) is not None:
+        elif (m := _PATH_RANK.match(name)) is not None:
             hints["rank"] = int(m[1])
         if (m := _PATH_SLURM.match(part)) is not None:
             hints["job_id"] = m[1]
@@ -442,9 +447,6 @@ def identity_from_path(path: str) -> dict[str, str | int]:
             if m["idx"].isdigit():
                 hints["pod_index"] = int(m["idx"])
             hints["host"] = name
-            continue
-        if (m := _PATH_BARE_WORKER.match(name)) is not None:
-            hints["pod_index"] = int(m[1])
             continue
         if _PATH_HOST_DIR.match(name) is not None:
             hints["host"] = name

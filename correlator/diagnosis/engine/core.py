@@ -56,6 +56,7 @@ class Engine:
         self.ruleset = ruleset
         self.rules: dict[str, Rule] = ruleset.by_id()
         self.roles = {rule_id: ruleset.role_of(rule) for rule_id, rule in self.rules.items()}
+        self.tags = {rule_id: frozenset(rule.tags) for rule_id, rule in self.rules.items()}
         self.quiet_window_s = quiet_window_s
         self.window_gap_s = window_gap_s
         self.default_timeout_s = default_timeout_s
@@ -162,7 +163,7 @@ class Engine:
         ]
         pool = [c for c in candidates if not causality.after_the_cascade(c, nodes)]
         pool = _specific_over_generic(pool)
-        reports = _failure_reports(nodes)
+        reports = _failure_reports(nodes, self.tags)
         live = [n for n in nodes if id(n) not in recovered]
         incidents: list[Incident] = []
         if pool:
@@ -259,16 +260,17 @@ class Engine:
         return ""
 
 
-def _failure_reports(nodes: list[Node]) -> list[Signal]:
+def _failure_reports(nodes: list[Node], tags: dict[str, frozenset[str]]) -> list[Signal]:
     """Launchers' reports of failed processes. An aggregate of reports stands for more processes than its
     samples show: it makes the reports ambiguous, so none is used."""
     out: list[Signal] = []
     for n in nodes:
+        rule_tags = tags.get(n.signal.rule_id, frozenset())
         if n.aggregate is None:
-            if is_failure_report(n.signal):
+            if is_failure_report(n.signal, rule_tags):
                 out.append(n.signal)
             continue
-        samples = [s for s in n.aggregate.samples if is_failure_report(s)]
+        samples = [s for s in n.aggregate.samples if is_failure_report(s, rule_tags)]
         if samples and n.aggregate.count > len(n.aggregate.samples):
             return []
         out.extend(samples)

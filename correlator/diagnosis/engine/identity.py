@@ -34,9 +34,12 @@ def fill_identity(signal: Signal, identity: Mapping[str, int]) -> Signal:
     return signal
 
 
-def is_failure_report(signal: Signal) -> bool:
+def is_failure_report(signal: Signal, tags: frozenset[str] = frozenset()) -> bool:
     """A launcher's line about one process that exited with an error or on a signal (not the SIGTERM the
-    launcher itself sent while tearing the others down)."""
+    launcher itself sent while tearing the others down), or a line of its failure summary (`tags` of the
+    rule: `failure-report`)."""
+    if "failure-report" in tags:
+        return True
     code = signal.fields.get("exitcode")
     if isinstance(code, int):
         return code not in (0, -15, 143)
@@ -50,14 +53,15 @@ def named_by_reports(primary: Signal, reports: Sequence[Signal]) -> tuple[Signal
     if primary.rank is not None and primary.host is not None:
         return primary, ""
     consistent = [r for r in reports if r is not primary and _consistent(primary, r)]
-    processes = {(r.rank, r.local_rank, r.host, r.pid) for r in consistent}
-    if len(processes) != 1:
-        return primary, ""
-    report = consistent[0]
-    update = {f: getattr(report, f) for f in WHO if getattr(primary, f) is None and getattr(report, f) is not None}
+    if not consistent or not all(_consistent(a, b) for a in consistent for b in consistent):
+        return primary, ""  # none, or reports of two different processes: they do not say who
+    # The lines of one summary (host, rank, exit code and pid on lines of their own) tell one process.
+    told = {f: next((getattr(r, f) for r in consistent if getattr(r, f) is not None), None) for f in WHO}
+    update = {f: v for f, v in told.items() if getattr(primary, f) is None and v is not None}
     if not update:
         return primary, ""
-    return primary.model_copy(update=update), f"who failed from the launcher's report ({report.rule_id})"
+    rules = ", ".join(sorted({r.rule_id for r in consistent}))
+    return primary.model_copy(update=update), f"who failed from the launcher's report ({rules})"
 
 
 def _consistent(a: Signal, b: Signal) -> bool:
@@ -77,7 +81,8 @@ def corroborated(primary: Signal, matches: Sequence[Signal]) -> Signal:
     if all(getattr(primary, f) is not None for f in WHO):
         return primary
     for s in matches:
-        if s is primary or s.class_ != primary.class_ or s.order < primary.order and s.file == primary.file:
+        # Only the same file tells the same failure twice: another host's line lends no identity.
+        if s is primary or s.class_ != primary.class_ or s.file != primary.file or s.order < primary.order:
             continue
         if not _consistent(primary, s):
             continue  # a different process: not the same failure told twice

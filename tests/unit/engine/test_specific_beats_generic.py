@@ -120,5 +120,7 @@ def test_the_launchers_report_of_one_killed_process_beats_its_teardown_of_the_ot
     primary = incidents[0]
     assert primary.class_ in ("host_oom_kill", "process_crash_signal")
     assert primary.initiator.pid == 4101
+    # the summary's lines (host, rank, exit code and pid on lines of their own) tell who the process was
+    assert (primary.initiator.rank, primary.initiator.host) == (9, "gpu-node-03")
     teardown = [c for c in primary.collateral if c.class_ == "launcher_teardown"]
     assert teardown and teardown[0].count >= 3

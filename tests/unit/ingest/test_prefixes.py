@@ -49,13 +49,12 @@ GOLDEN: list[tuple[str, Identity]] = [
             severity="error",
         ),
     ),
-    # pid in brackets in front of the rank prefix
+    # a log viewer's line number in front of the rank prefix: passed over, not a pid
     (
         "[51234] [rank6]:[W1107 08:00:01.000000500 TCPStore.cpp:131] [c10d] recvValue failed",
         Identity(
             text="[c10d] recvValue failed",
             rank=6,
-            pid=51234,
             ts=utc(2025, 11, 7, 8, 0, 1, 0),
             severity="warning",
         ),
@@ -161,6 +160,8 @@ GOLDEN: list[tuple[str, Identity]] = [
         Identity(text="RuntimeError: NCCL communicator was aborted", rank=7),
     ),
     (" 3: step 5", Identity(text="step 5", rank=3)),
+    # a rank prefix behind srun's task label names the rank (the task id is the launcher's numbering)
+    ("3: [rank11]: torch.OutOfMemoryError: CUDA out of memory.", Identity(text="torch.OutOfMemoryError: CUDA out of memory.", rank=11)),
     # glog as written by torch elastic: severity, time without year, pid, source location
     (
         (
@@ -403,7 +404,12 @@ def test_all_timestamps_are_utc_aware() -> None:
     ("path", "expected"),
     [
         ("/logs/rank3.log", {"rank": 3}),
-        ("/logs/train_rank_03.txt", {"rank": 3}),
+        ("/logs/rank_03.txt", {"rank": 3}),
+        ("/logs/train_rank_03.txt", {}),
+        ("/logs/myrank7model.log", {}),
+        ("/data/ranking-2024.log", {}),
+        ("/logs/worker-5.log", {"rank": 5}),
+        ("/tmp/torchelastic_k2/5521_x8/attempt_0/3/stdout.log", {"attempt": 0, "local_rank": 3}),
         ("/logs/rank-12/stdout.log", {"rank": 12}),
         ("/logs/local_rank5.log", {"local_rank": 5}),
         (
@@ -412,7 +418,6 @@ def test_all_timestamps_are_utc_aware() -> None:
         ),
         ("/k8s/bert-pt-master-0/main.log", {"job_id": "bert-pt", "pod_index": 0, "host": "bert-pt-master-0"}),
         ("/k8s/mpi-job-launcher-x7k2p.log", {"job_id": "mpi-job", "host": "mpi-job-launcher-x7k2p"}),
-        ("/shared/logs/worker-2.log", {"pod_index": 2}),
         ("/shared/node01/train.log", {"host": "node01"}),
         ("/shared/node01.log", {"host": "node01"}),
         ("/home/u/slurm-12345.out", {"job_id": "12345"}),
