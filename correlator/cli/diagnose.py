@@ -82,7 +82,9 @@ def diagnose(paths: tuple[str, ...], output_format: str, job: str | None, output
     if stats.decode_errors:
         print(f"skipped {stats.decode_errors} undecodable JSON line(s)", file=sys.stderr)
     if output_format == "json":
-        payload = {"incidents": [i.to_json_dict() for i in incidents]}
+        # failures the job survived are warnings, never "the" incident: they have their own list
+        payload = {"incidents": [i.to_json_dict() for i in incidents if not i.recovered],
+                   "recovered": [i.to_json_dict() for i in incidents if i.recovered]}
         sys.stdout.buffer.write(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
     elif output_format == "html":
         from correlator.render.html import render_incident_html

@@ -35,7 +35,7 @@ def print_incidents(incidents: Sequence[Incident], console: Console | None = Non
         return
     for n, incident in enumerate(incidents):
         header = Text()
-        header.append("PRIMARY " if n == 0 else "ALSO ", style="bold")
+        header.append("RECOVERED " if incident.recovered else "PRIMARY " if n == 0 else "ALSO ", style="bold")
         header.append(f"{incident.class_}", style="bold red")
         header.append(f"  {incident.title}")
         body = Table.grid(padding=(0, 1))

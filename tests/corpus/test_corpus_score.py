@@ -18,6 +18,6 @@ def test_corpus_accuracy_meets_targets() -> None:
     class_acc, init_acc, n, n_init = summary(rows)
     misses = [f"{r.file}: want {r.expected_class}/{r.initiator_label} got {r.got_class}/{r.got_initiator}"
               for r in rows if not r.class_ok or (r.initiator_scored and not r.initiator_ok)]
-    assert class_acc >= 0.85, "\n".join(misses)
-    assert init_acc >= 0.80, "\n".join(misses)
+    assert class_acc >= 0.95, "\n".join(misses)
+    assert init_acc >= 0.90, "\n".join(misses)
     assert n >= 40 and n_init >= 15
