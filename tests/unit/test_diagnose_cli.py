@@ -69,7 +69,7 @@ def test_non_utf8_and_gzip_and_stdin_are_read(tmp_path: Path) -> None:
 def test_clean_log_gives_the_empty_contract(tmp_path: Path) -> None:
     (tmp_path / "ok.log").write_text("[rank0]: step 10 loss 2.1\n[rank1]: step 10 loss 2.2\n")
     proc = rootrank("diagnose", "--format", "json", str(tmp_path / "ok.log"))
-    assert proc.returncode == 0 and json.loads(proc.stdout) == {"incidents": []}
+    assert proc.returncode == 0 and json.loads(proc.stdout) == {"incidents": [], "recovered": []}
 
 
 def test_broken_rule_folder_is_reported_as_file_line(tmp_path: Path) -> None:
