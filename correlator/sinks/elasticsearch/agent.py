@@ -34,22 +34,17 @@ import orjson
 from pydantic import ValidationError
 
 from correlator.diagnosis.models import Incident, Signal
-from correlator.sinks.elasticsearch.store import (
-    BulkOutcome,
-    BulkWriter,
-    IndexRequest,
-    SinkStopped,
+from correlator.sinks.elasticsearch.client import make_client
+from correlator.sinks.elasticsearch.documents import incident_to_doc, signal_doc_id, signal_to_doc
+from correlator.sinks.elasticsearch.indices import (
     bootstrap_write_index,
-    incident_to_doc,
     incidents_names,
     index_templates,
-    make_client,
     rollover_conditions,
     rollover_if_needed,
-    signal_doc_id,
-    signal_to_doc,
     signals_names,
 )
+from correlator.sinks.elasticsearch.writer import BulkOutcome, BulkWriter, IndexRequest, SinkStopped
 
 if TYPE_CHECKING:
     import faust
