@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from pydantic import ValidationError
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_never
 
+from correlator.config import RetryPolicy
 from correlator.diagnosis.models import Incident, Signal
 from correlator.sinks.elasticsearch.client import make_client
 from correlator.sinks.elasticsearch.documents import incident_to_doc, signal_doc_id, signal_to_doc
@@ -56,6 +58,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ES_SINK_ROLE = "es-sink"
+
+# Unbounded like the bulk writer's: a record's offset is committed only once its dead letter is safe.
+DEAD_LETTER_BACKOFF = RetryPolicy(initial_backoff_s=1.0, max_backoff_s=30.0).backoff()
 
 
 class PoisonRecord(Exception):
@@ -117,7 +122,6 @@ class DeadLetters:
         self.producer = producer
         self.topic = topic
         self.stop = stop
-        self.sent = 0
 
     @staticmethod
     def envelope(record: Any, reason: str) -> bytes:
@@ -143,23 +147,32 @@ class DeadLetters:
             return
         from kafka.errors import KafkaError
 
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                futures = [
-                    self.producer.send(self.topic, key=record.key, value=self.envelope(record, reason),
-                                       headers=[("rootrank-reason", reason[:512].encode())])
-                    for record, reason in letters
-                ]
-                for future in futures:
-                    future.get(timeout=30)
-                self.sent += len(letters)
-                return
-            except KafkaError as exc:
-                log.warning("dead-letter send failed (attempt %d): %s", attempt, exc)
-                if self.stop.wait(min(30.0, 0.5 * 2 ** min(attempt, 6))):
-                    raise SinkStopped("stopped while dead letters were unacknowledged") from exc
+        producer = self.producer
+
+        def send_and_wait_for_acks() -> None:
+            futures = [
+                producer.send(self.topic, key=record.key, value=self.envelope(record, reason),
+                              headers=[("rootrank-reason", reason[:512].encode())])
+                for record, reason in letters
+            ]
+            for future in futures:
+                future.get(timeout=30)
+
+        def sleep_unless_stopped(seconds: float) -> None:
+            if self.stop.wait(seconds):
+                raise SinkStopped("stopped while dead letters were unacknowledged")
+
+        def log_failure(state: RetryCallState) -> None:
+            assert state.outcome is not None
+            log.warning("dead-letter send failed (attempt %d): %s", state.attempt_number, state.outcome.exception())
+
+        Retrying(
+            retry=retry_if_exception_type(KafkaError),
+            wait=DEAD_LETTER_BACKOFF,
+            stop=stop_never,
+            sleep=sleep_unless_stopped,
+            before_sleep=log_failure,
+        )(send_and_wait_for_acks)
 
 
 # --- the loop -----------------------------------------------------------------------------------------

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_never
+from tenacity.wait import wait_base
+
+from correlator.config import RetryPolicy
 from correlator.stream import metrics
 
 if TYPE_CHECKING:
@@ -41,30 +44,16 @@ class BulkOutcome:
     attempts: int = 0
 
 
-@dataclass(frozen=True)
-class Backoff:
-    initial_s: float = 0.5
-    maximum_s: float = 30.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
-
-    def delay(self, attempt: int) -> float:
-        base = min(self.maximum_s, self.initial_s * self.multiplier ** max(0, attempt - 1))
-        return base * (1.0 + random.uniform(-self.jitter, self.jitter))
-
+# Only the backoff of a RetryPolicy applies: the writer has no attempt limit and no budget, because an
+# outage must back up the source, never drop a document.
+BULK_BACKOFF = RetryPolicy(initial_backoff_s=0.5, max_backoff_s=30.0).backoff()
 
 _RETRIABLE_ITEM_STATUS = {408, 429, 500, 502, 503, 504}
 
 
 @dataclass
 class WriterStats:
-    bulks: int = 0
-    docs_written: int = 0
-    docs_stale: int = 0
-    docs_rejected: int = 0
     retries: int = 0
-    last_error: str = ""
-    last_bulk_s: float = 0.0
 
 
 class BulkWriter:
@@ -73,7 +62,8 @@ class BulkWriter:
     - Idempotent: `_id` is given by the caller; a document already living in an older index behind
       the alias (after a rollover) is written there, found by a real-time multi-get.
     - Whole-request failures (connection refused, timeouts, 429/5xx, even 401) are retried forever with
-      exponential backoff: an outage must back up the source, never drop a document. `wait` is called
+      exponential backoff (tenacity, `BULK_BACKOFF`): an outage must back up the source, never drop a
+      document. `wait` is called
       instead of sleeping, so a Kafka consumer can keep its group membership while it waits.
     - Item failures: 429/5xx are retried; 409 on a versioned write means an equal or newer revision is
       there (counted as stale, not an error); a missing alias is re-bootstrapped; any other 4xx
@@ -84,14 +74,14 @@ class BulkWriter:
         self,
         client: Elasticsearch,
         *,
-        backoff: Backoff | None = None,
+        backoff: wait_base = BULK_BACKOFF,
         stop: threading.Event | None = None,
         wait: Callable[[float], None] | None = None,
         bootstrap: Callable[[str], None] | None = None,
         refresh: bool | str = False,
     ) -> None:
         self.client = client
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff
         self.stop = stop or threading.Event()
         self._wait = wait
         self._bootstrap = bootstrap
@@ -114,7 +104,6 @@ class BulkWriter:
             raise SinkStopped("stopped while a bulk write was unacknowledged")
 
     def _warn(self, message: str) -> None:
-        self.stats.last_error = message
         now = time.monotonic()
         if now - self._last_warning >= 10.0:  # an outage logs a line every 10 s, not per retry
             self._last_warning = now
@@ -156,79 +145,88 @@ class BulkWriter:
         return list(latest.values())
 
     def write(self, requests: Sequence[IndexRequest]) -> BulkOutcome:
-        from elastic_transport import TransportError
-        from elasticsearch import ApiError, NotFoundError
-
         outcome = BulkOutcome()
         pending = self._dedupe(requests)
         # Requests folded into another by _dedupe count as written when their survivor is.
         folded = len(requests) - len(pending)
-        attempt = 0
-        while pending:
-            attempt += 1
-            outcome.attempts = attempt
-            if attempt > 1:
-                self.stats.retries += 1
-                self._sleep(self.backoff.delay(attempt - 1))
-            try:
-                targets = self._targets(pending)
-                operations: list[Mapping[str, Any]] = []
-                for r in pending:
-                    target = targets.get((r.alias, r.doc_id))
-                    action: dict[str, Any] = {"_index": target or r.alias, "_id": r.doc_id}
-                    if target is None:
-                        # Never let a missing alias auto-create a concrete index named like the alias.
-                        action["require_alias"] = True
-                    if r.version is not None:
-                        action["version"] = r.version
-                        action["version_type"] = "external_gte"
-                    operations.append({"index": action})
-                    operations.append(r.source)
-                started = time.perf_counter()
-                resp = self.client.bulk(operations=operations, refresh=self.refresh)
-                self.stats.last_bulk_s = time.perf_counter() - started
-                metrics.observe_es_bulk(self.stats.last_bulk_s)
-                self.stats.bulks += 1
-            except NotFoundError as exc:
-                # get_alias: the alias is gone (a wiped cluster); put it back, then retry.
-                metrics.observe_es_bulk(failure="alias_missing")
-                self._warn(f"alias missing: {exc}")
-                self._rebootstrap(pending)
-                continue
-            except (ApiError, TransportError) as exc:
-                self._warn(f"bulk of {len(pending)} failed: {type(exc).__name__}: {exc}")
-                metrics.observe_es_bulk(failure=type(exc).__name__)
-                continue
-            retry: list[IndexRequest] = []
-            missing_alias: set[str] = set()
-            for r, item in zip(pending, resp["items"], strict=True):
-                result = item.get("index") or next(iter(item.values()))
-                status = int(result.get("status", 500))
-                error = result.get("error")
-                if status < 300 and not error:
-                    outcome.written += 1
-                elif status == 409 and r.version is not None:
-                    outcome.stale += 1
-                elif status in _RETRIABLE_ITEM_STATUS:
-                    retry.append(r)
-                elif status == 404 and isinstance(error, dict) and error.get("type") == "index_not_found_exception":
-                    missing_alias.add(r.alias)
-                    retry.append(r)
-                else:
-                    reason = error.get("reason", str(error)) if isinstance(error, dict) else str(error)
-                    etype = error.get("type", "error") if isinstance(error, dict) else "error"
-                    outcome.rejected.append((r, f"elasticsearch rejected the document ({status} {etype}): {reason}"))
-            if retry:
-                self._warn(f"{len(retry)} of {len(pending)} documents not accepted yet")
-            if missing_alias:
-                self._rebootstrap([r for r in retry if r.alias in missing_alias])
-            pending = retry
+
+        def attempt() -> list[IndexRequest]:
+            nonlocal pending
+            outcome.attempts += 1
+            pending = self._write_once(pending, outcome)
+            return pending
+
+        def count_retry(state: RetryCallState) -> None:
+            self.stats.retries += 1
+
+        if pending:
+            Retrying(
+                retry=retry_if_result(bool),  # documents not acknowledged yet
+                wait=self.backoff,
+                stop=stop_never,
+                sleep=self._sleep,  # raises SinkStopped when the stop signal is set
+                before_sleep=count_retry,
+            )(attempt)
         outcome.written += folded
-        self.stats.docs_written += outcome.written
-        self.stats.docs_stale += outcome.stale
-        self.stats.docs_rejected += len(outcome.rejected)
         metrics.observe_es_bulk(rejected=len(outcome.rejected))
         return outcome
+
+    def _write_once(self, pending: Sequence[IndexRequest], outcome: BulkOutcome) -> list[IndexRequest]:
+        """One bulk request; what it did not settle (acknowledged, stale or rejected) is returned."""
+        from elastic_transport import TransportError
+        from elasticsearch import ApiError, NotFoundError
+
+        try:
+            targets = self._targets(pending)
+            operations: list[Mapping[str, Any]] = []
+            for r in pending:
+                target = targets.get((r.alias, r.doc_id))
+                action: dict[str, Any] = {"_index": target or r.alias, "_id": r.doc_id}
+                if target is None:
+                    # Never let a missing alias auto-create a concrete index named like the alias.
+                    action["require_alias"] = True
+                if r.version is not None:
+                    action["version"] = r.version
+                    action["version_type"] = "external_gte"
+                operations.append({"index": action})
+                operations.append(r.source)
+            started = time.perf_counter()
+            resp = self.client.bulk(operations=operations, refresh=self.refresh)
+            metrics.observe_es_bulk(time.perf_counter() - started)
+        except NotFoundError as exc:
+            # get_alias: the alias is gone (a wiped cluster); put it back, then retry.
+            metrics.observe_es_bulk(failure="alias_missing")
+            self._warn(f"alias missing: {exc}")
+            self._rebootstrap(pending)
+            return list(pending)
+        except (ApiError, TransportError) as exc:
+            self._warn(f"bulk of {len(pending)} failed: {type(exc).__name__}: {exc}")
+            metrics.observe_es_bulk(failure=type(exc).__name__)
+            return list(pending)
+        retry: list[IndexRequest] = []
+        missing_alias: set[str] = set()
+        for r, item in zip(pending, resp["items"], strict=True):
+            result = item.get("index") or next(iter(item.values()))
+            status = int(result.get("status", 500))
+            error = result.get("error")
+            if status < 300 and not error:
+                outcome.written += 1
+            elif status == 409 and r.version is not None:
+                outcome.stale += 1
+            elif status in _RETRIABLE_ITEM_STATUS:
+                retry.append(r)
+            elif status == 404 and isinstance(error, dict) and error.get("type") == "index_not_found_exception":
+                missing_alias.add(r.alias)
+                retry.append(r)
+            else:
+                reason = error.get("reason", str(error)) if isinstance(error, dict) else str(error)
+                etype = error.get("type", "error") if isinstance(error, dict) else "error"
+                outcome.rejected.append((r, f"elasticsearch rejected the document ({status} {etype}): {reason}"))
+        if retry:
+            self._warn(f"{len(retry)} of {len(pending)} documents not accepted yet")
+        if missing_alias:
+            self._rebootstrap([r for r in retry if r.alias in missing_alias])
+        return retry
 
     def _rebootstrap(self, requests: Sequence[IndexRequest]) -> None:
         if self._bootstrap is None:
