@@ -130,7 +130,7 @@ class RetryPolicy(BaseModel):
 
 class WebhookSettings(BaseModel):
     routes: list[dict[str, Any]] = Field(
-        default_factory=list, description="ordered routes (match + receivers), see correlator/webhooks/routes.py"
+        default_factory=list, description="ordered routes (match + receivers), see correlator/sinks/webhooks/routes.py"
     )
     receivers: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="name -> {kind: generic_json|slack|pagerduty|alertmanager, ...kind's config}"
