@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     from elasticsearch import Elasticsearch
 
-    from correlator.sinks.elasticsearch.store import doc_to_incident, incidents_names
+    from correlator.sinks.elasticsearch.documents import doc_to_incident
+    from correlator.sinks.elasticsearch.indices import incidents_names
     from tests.fixtures.elasticsearch import start_noida_elasticsearch
     from tests.fixtures.http_receiver import HttpReceiver
     from tests.fixtures.kafka import env_without_proxies, free_port, start_tansu

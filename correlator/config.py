@@ -6,13 +6,14 @@ Each section belongs to one part of the pipeline; defaults are the embedded loca
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from tenacity import wait_exponential, wait_random_exponential
+from tenacity.wait import wait_base
 
 
 class KafkaSettings(BaseModel):
@@ -119,15 +120,17 @@ class RetryPolicy(BaseModel):
     timeout_s: float = Field(default=10.0, gt=0, description="one attempt, connect to last byte")
     max_retry_after_s: float = Field(default=300.0, ge=0, description="a longer Retry-After is dead-lettered")
 
-    def backoff(self, attempt: int, rng: random.Random) -> float:
-        """Wait after failed attempt number `attempt` (1-based)."""
-        ceiling = min(self.max_backoff_s, self.initial_backoff_s * (2 ** (attempt - 1)))
-        return float(ceiling / 2 + rng.uniform(0, ceiling / 2))
+    def backoff(self) -> wait_base:
+        """The wait after a failed attempt, as a tenacity strategy: after attempt n, a wait in [c/2, c]
+        with c = min(max_backoff_s, initial_backoff_s * 2**(n-1)). Half fixed, half random: attempts
+        still spread out (no thundering herd after an outage) while the wait keeps growing."""
+        half = {"multiplier": self.initial_backoff_s / 2, "max": self.max_backoff_s / 2}
+        return wait_exponential(**half) + wait_random_exponential(**half)
 
 
 class WebhookSettings(BaseModel):
     routes: list[dict[str, Any]] = Field(
-        default_factory=list, description="ordered routes (match + receivers), see correlator/webhooks/routes.py"
+        default_factory=list, description="ordered routes (match + receivers), see correlator/sinks/webhooks/routes.py"
     )
     receivers: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="name -> {kind: generic_json|slack|pagerduty|alertmanager, ...kind's config}"

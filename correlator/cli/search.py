@@ -39,7 +39,8 @@ def incidents(query: tuple[str, ...], job: str | None, failure_class: str | None
         parse_since,
         search_incidents,
     )
-    from correlator.sinks.elasticsearch.store import incidents_names, make_client
+    from correlator.sinks.elasticsearch.client import make_client
+    from correlator.sinks.elasticsearch.indices import incidents_names
 
     settings = load_cli_settings(config, es_url=es_url)
     try:
@@ -82,7 +83,8 @@ def show(incident_id: str, as_json: bool, html: str | None, es_url: str | None, 
     from rich.console import Console
 
     from correlator.sinks.elasticsearch.search import AmbiguousId, get_incident, print_incident_detail
-    from correlator.sinks.elasticsearch.store import incidents_names, make_client
+    from correlator.sinks.elasticsearch.client import make_client
+    from correlator.sinks.elasticsearch.indices import incidents_names
 
     settings = load_cli_settings(config, es_url=es_url)
     client = make_client(settings.elasticsearch)
@@ -147,7 +149,8 @@ def hosts(since: str, min_jobs: int, classes: str | None, as_json: bool, notify_
         remember_reported,
     )
     from correlator.sinks.elasticsearch.search import parse_since
-    from correlator.sinks.elasticsearch.store import incidents_names, make_client
+    from correlator.sinks.elasticsearch.client import make_client
+    from correlator.sinks.elasticsearch.indices import incidents_names
 
     settings = load_cli_settings(config, es_url=es_url)
     try:

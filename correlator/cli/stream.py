@@ -114,7 +114,7 @@ def setup(kibana: str | None, kibana_objects: str | None, kibana_space: str | No
         from elastic_transport import TransportError
         from elasticsearch import ApiError
 
-        from correlator.sinks.elasticsearch.store import install_templates
+        from correlator.sinks.elasticsearch.indices import install_templates
 
         try:
             for line in install_templates(settings):

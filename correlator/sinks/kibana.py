@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -19,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tenacity import Retrying, retry_if_exception, stop_after_delay
+
+from correlator.config import RetryPolicy
+
 DEFAULT_PREFIX = "rootrank"
+
+# Polls a Kibana that is still starting about every 2 s (at most), for the caller's `wait_s`.
+STARTUP_BACKOFF = RetryPolicy(initial_backoff_s=2.0, max_backoff_s=2.0).backoff()
 
 
 class KibanaImportError(RuntimeError):
@@ -55,6 +61,12 @@ def load_objects(folder: Path, index_prefix: str = DEFAULT_PREFIX) -> list[dict[
                     obj["attributes"]["title"] = index_prefix + title[len(DEFAULT_PREFIX):]
             objects.append(obj)
     return objects
+
+
+def _kibana_still_starting(exc: BaseException) -> bool:
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code in (502, 503, 504)
+    return isinstance(exc, urllib.error.URLError | OSError)
 
 
 def _multipart(filename: str, content: bytes) -> tuple[bytes, str]:
@@ -105,22 +117,23 @@ def import_saved_objects(
     elif username:
         token = base64.b64encode(f"{username}:{password or ''}".encode()).decode()
         headers["Authorization"] = f"Basic {token}"
-    deadline = time.monotonic() + wait_s
-    while True:
+
+    def post() -> Any:
         request = urllib.request.Request(f"{base}{path}?overwrite=true", data=body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-                data = json.loads(resp.read())
-            break
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            if exc.code in (502, 503, 504) and time.monotonic() < deadline:
-                time.sleep(2.0)
-                continue
-            raise KibanaImportError(f"{base}{path}: HTTP {exc.code}: {detail}") from exc
-        except (urllib.error.URLError, OSError) as exc:
-            if time.monotonic() < deadline:
-                time.sleep(2.0)
-                continue
-            raise KibanaImportError(f"{base}{path}: {exc}") from exc
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            return json.loads(resp.read())
+
+    retrying = Retrying(
+        retry=retry_if_exception(_kibana_still_starting),
+        wait=STARTUP_BACKOFF,
+        stop=stop_after_delay(wait_s),
+        reraise=True,
+    )
+    try:
+        data = retrying(post)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        raise KibanaImportError(f"{base}{path}: HTTP {exc.code}: {detail}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise KibanaImportError(f"{base}{path}: {exc}") from exc
     return ImportResult(bool(data.get("success")), int(data.get("successCount", 0)), list(data.get("errors") or []))

@@ -20,12 +20,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
+
+if TYPE_CHECKING:
+    from wsgiref.types import StartResponse
+    from wsgiref.types import WSGIApplication as WSGIApp
 
 log = logging.getLogger(__name__)
 
@@ -288,32 +293,37 @@ class ShipStatsCollector(Collector):
                                   value=getattr(s, "backlog_acked_bytes", 0))
 
 
-class _Handler(BaseHTTPRequestHandler):
-    registry: Any = REGISTRY
+_HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
+_METRICS_PATHS = frozenset({"/metrics", "/rootrank/metrics"})
 
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path in ("/metrics", "/rootrank/metrics"):
-            body, ctype, status = generate_latest(self.registry), CONTENT_TYPE_LATEST, 200
-        elif path in ("/healthz", "/readyz"):
-            body, ctype, status = b'{"alive": true}', "application/json", 200
+
+def metrics_wsgi_app(registry: Collector = REGISTRY) -> WSGIApp:
+    """prometheus_client's exposition on /metrics (and /rootrank/metrics, like a worker), a liveness
+    answer on /healthz and /readyz, 404 elsewhere."""
+    exposition = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path in _METRICS_PATHS:
+            return exposition(environ, start_response)  # type: ignore[no-any-return]
+        if path in _HEALTH_PATHS:
+            status, ctype, body = "200 OK", "application/json", b'{"alive": true}'
         else:
-            body, ctype, status = b"not found\n", "text/plain", 404
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
+        start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+        return [body]
 
+    return app
+
+
+class _QuietRequestHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         return
 
 
-def serve_metrics(port: int, *, host: str = "127.0.0.1", registry: Any = REGISTRY) -> ThreadingHTTPServer:
-    """A small HTTP server (daemon thread) for /metrics and /healthz, for processes without faust."""
-    handler = type("MetricsHandler", (_Handler,), {"registry": registry})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
+def serve_metrics(port: int, *, host: str = "127.0.0.1", registry: Collector = REGISTRY) -> WSGIServer:
+    """`metrics_wsgi_app` on a daemon thread, for processes without faust (`rootrank ship --metrics-port`)."""
+    server = make_server(host, port, metrics_wsgi_app(registry), ThreadingWSGIServer, handler_class=_QuietRequestHandler)
     threading.Thread(target=server.serve_forever, name="rootrank-metrics", daemon=True).start()
     return server
 

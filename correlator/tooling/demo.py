@@ -60,7 +60,7 @@ def run(keep: Path | None = None, timeout_s: float = 90.0) -> int:
     from correlator.render.html import render_incident_html
     from correlator.render.text import print_incidents
     from correlator.sinks.elasticsearch.search import IncidentFilter, incidents_query, search_incidents
-    from correlator.sinks.elasticsearch.store import incidents_names, install_templates
+    from correlator.sinks.elasticsearch.indices import incidents_names, install_templates
     from correlator.sinks.webhooks.receivers.generic_json import generate_secret
     from correlator.stream.setup_topics import ensure_topics
     from correlator.tooling.simulate import log_paths, simulate_demo

@@ -7,9 +7,6 @@ signatures (production: Slack, PagerDuty, any HTTPS endpoint).
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 import threading
 from dataclasses import dataclass, field
@@ -70,11 +67,13 @@ class WebhookReceiver:
     def verify(self, headers: dict[str, str], body: bytes) -> bool | None:
         if not self.secret:
             return None
-        key = base64.b64decode(self.secret.removeprefix("whsec_"))
-        signed = f"{headers.get('webhook-id', '')}.{headers.get('webhook-timestamp', '')}.".encode() + body
-        expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
-        offered = [s.partition(",")[2] for s in headers.get("webhook-signature", "").split()]
-        return any(hmac.compare_digest(expected, o) for o in offered)
+        from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+        try:
+            Webhook(self.secret).verify(body, headers)
+        except WebhookVerificationError:
+            return False
+        return True
 
     def start(self, port: int = 0) -> str:
         receiver = self

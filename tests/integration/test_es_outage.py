@@ -19,7 +19,7 @@ from kafka.admin import KafkaAdminClient
 from correlator.config import Settings
 from correlator.diagnosis.models import Incident
 from correlator.sinks.elasticsearch.agent import ES_SINK_ROLE, SinkLoop, build_loops, incidents_group
-from correlator.sinks.elasticsearch.store import incidents_names, install_templates
+from correlator.sinks.elasticsearch.indices import incidents_names, install_templates
 from tests.fixtures.elasticsearch import ElasticsearchServer
 from tests.fixtures.kafka import BrokerAddress, create_topics, read_topic, wait_for
 from tests.integration.es_support import make_incident

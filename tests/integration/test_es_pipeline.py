@@ -16,7 +16,8 @@ from elasticsearch import Elasticsearch
 
 from correlator.cli import main
 from correlator.diagnosis.models import Incident
-from correlator.sinks.elasticsearch.store import doc_to_incident, incidents_names, signals_names
+from correlator.sinks.elasticsearch.documents import doc_to_incident
+from correlator.sinks.elasticsearch.indices import incidents_names, signals_names
 from correlator.tooling.embedded import stop_process
 from tests.fixtures.elasticsearch import ElasticsearchServer
 from tests.fixtures.kafka import BrokerAddress, env_without_proxies, produce, read_topic, wait_for

@@ -13,18 +13,15 @@ from elasticsearch import Elasticsearch
 
 from correlator.cli import main
 from correlator.config import Settings
-from correlator.sinks.elasticsearch.search import IncidentFilter, repeat_offenders, search_incidents
-from correlator.sinks.elasticsearch.store import (
-    BulkWriter,
-    IndexRequest,
+from correlator.sinks.elasticsearch.documents import (
     doc_to_incident,
     incident_to_doc,
-    incidents_names,
-    install_templates,
     signal_doc_id,
     signal_to_doc,
-    signals_names,
 )
+from correlator.sinks.elasticsearch.indices import incidents_names, install_templates, signals_names
+from correlator.sinks.elasticsearch.search import IncidentFilter, repeat_offenders, search_incidents
+from correlator.sinks.elasticsearch.writer import BulkWriter, IndexRequest
 from tests.integration.es_support import make_incident, make_signal
 
 pytestmark = pytest.mark.integration

@@ -26,7 +26,7 @@ from elasticsearch import Elasticsearch
 from correlator.cli import main
 from correlator.diagnosis.rules import load_ruleset
 from correlator.offline.diagnose import diagnose_paths
-from correlator.sinks.elasticsearch.store import incidents_names
+from correlator.sinks.elasticsearch.indices import incidents_names
 from correlator.sinks.webhooks.receivers.generic_json import generate_secret
 from correlator.tooling.simulate import log_paths, simulate
 from tests.fixtures.elasticsearch import ElasticsearchServer

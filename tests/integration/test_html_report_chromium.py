@@ -170,7 +170,8 @@ async def _drive(ws: aiohttp.ClientWebSocketResponse, url: str, width: int, scre
 def browser() -> Iterator[Browser]:
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (Debian: apt-get install chromium, or scripts/install-system-deps.sh)")
-    with tempfile.TemporaryDirectory(prefix="rootrank-chromium-") as profile:
+    # chromium's helper processes can still write into the profile for a moment after the browser stops
+    with tempfile.TemporaryDirectory(prefix="rootrank-chromium-", ignore_cleanup_errors=True) as profile:
         b = Browser(CHROMIUM, Path(profile))
         try:
             yield b

@@ -12,13 +12,9 @@ from elasticsearch import Elasticsearch
 
 from correlator.cli import main
 from correlator.config import Settings
-from correlator.sinks.elasticsearch.store import (
-    BulkWriter,
-    IndexRequest,
-    incident_to_doc,
-    incidents_names,
-    install_templates,
-)
+from correlator.sinks.elasticsearch.documents import incident_to_doc
+from correlator.sinks.elasticsearch.indices import incidents_names, install_templates
+from correlator.sinks.elasticsearch.writer import BulkWriter, IndexRequest
 from tests.fixtures.http_receiver import HttpReceiver
 from tests.integration.es_support import make_incident
 

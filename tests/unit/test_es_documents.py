@@ -10,19 +10,20 @@ from typing import Any
 import pytest
 
 from correlator.diagnosis.models import Incident, Initiator
-from correlator.sinks.elasticsearch.search import parse_since
-from correlator.sinks.elasticsearch.store import (
-    BulkWriter,
-    IndexRequest,
+from correlator.sinks.elasticsearch.documents import (
     doc_to_incident,
     incident_to_doc,
+    signal_doc_id,
+    signal_to_doc,
+)
+from correlator.sinks.elasticsearch.indices import (
     incidents_template,
     index_templates,
     mapped_fields,
-    signal_doc_id,
-    signal_to_doc,
     signals_template,
 )
+from correlator.sinks.elasticsearch.search import parse_since
+from correlator.sinks.elasticsearch.writer import BulkWriter, IndexRequest
 from tests.integration.es_support import make_incident, make_signal
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "deploy" / "elasticsearch"
@@ -65,7 +66,7 @@ def _object_specs(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_shipped_template_files_are_the_templates_setup_installs() -> None:
     for name, body in index_templates().items():
         shipped = json.loads((TEMPLATES / f"{name}.index-template.json").read_text(encoding="utf-8"))
-        assert shipped == body, f"deploy/elasticsearch/{name} is stale: python -m correlator.sinks.elasticsearch.store deploy/elasticsearch"
+        assert shipped == body, f"deploy/elasticsearch/{name} is stale: python -m correlator.sinks.elasticsearch.indices deploy/elasticsearch"
 
 
 INCIDENT_VARIANTS = [

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from correlator.sinks.elasticsearch.store import mapped_fields
+from correlator.sinks.elasticsearch.indices import mapped_fields
 from correlator.sinks.kibana import KibanaImportError, import_saved_objects, load_objects
 
 ROOT = Path(__file__).resolve().parents[2]

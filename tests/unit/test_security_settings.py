@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from correlator.config import ElasticsearchSettings, KafkaSettings, Settings
-from correlator.sinks.elasticsearch.store import make_client
+from correlator.sinks.elasticsearch.client import make_client
 from correlator.stream.app import _credentials
 from correlator.stream.setup_topics import kafka_python_config
 from tests.fixtures.http_receiver import HttpReceiver

@@ -27,29 +27,26 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from pydantic import ValidationError
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_never
 
+from correlator.config import RetryPolicy
 from correlator.diagnosis.models import Incident, Signal
-from correlator.sinks.elasticsearch.store import (
-    BulkOutcome,
-    BulkWriter,
-    IndexRequest,
-    SinkStopped,
+from correlator.sinks.elasticsearch.client import make_client
+from correlator.sinks.elasticsearch.documents import incident_to_doc, signal_doc_id, signal_to_doc
+from correlator.sinks.elasticsearch.indices import (
     bootstrap_write_index,
-    incident_to_doc,
     incidents_names,
     index_templates,
-    make_client,
     rollover_conditions,
     rollover_if_needed,
-    signal_doc_id,
-    signal_to_doc,
     signals_names,
 )
+from correlator.sinks.elasticsearch.writer import BulkOutcome, BulkWriter, IndexRequest, SinkStopped
 
 if TYPE_CHECKING:
     import faust
@@ -61,6 +58,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ES_SINK_ROLE = "es-sink"
+
+# Unbounded like the bulk writer's: a record's offset is committed only once its dead letter is safe.
+DEAD_LETTER_BACKOFF = RetryPolicy(initial_backoff_s=1.0, max_backoff_s=30.0).backoff()
 
 
 class PoisonRecord(Exception):
@@ -122,7 +122,6 @@ class DeadLetters:
         self.producer = producer
         self.topic = topic
         self.stop = stop
-        self.sent = 0
 
     @staticmethod
     def envelope(record: Any, reason: str) -> bytes:
@@ -148,23 +147,32 @@ class DeadLetters:
             return
         from kafka.errors import KafkaError
 
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                futures = [
-                    self.producer.send(self.topic, key=record.key, value=self.envelope(record, reason),
-                                       headers=[("rootrank-reason", reason[:512].encode())])
-                    for record, reason in letters
-                ]
-                for future in futures:
-                    future.get(timeout=30)
-                self.sent += len(letters)
-                return
-            except KafkaError as exc:
-                log.warning("dead-letter send failed (attempt %d): %s", attempt, exc)
-                if self.stop.wait(min(30.0, 0.5 * 2 ** min(attempt, 6))):
-                    raise SinkStopped("stopped while dead letters were unacknowledged") from exc
+        producer = self.producer
+
+        def send_and_wait_for_acks() -> None:
+            futures = [
+                producer.send(self.topic, key=record.key, value=self.envelope(record, reason),
+                              headers=[("rootrank-reason", reason[:512].encode())])
+                for record, reason in letters
+            ]
+            for future in futures:
+                future.get(timeout=30)
+
+        def sleep_unless_stopped(seconds: float) -> None:
+            if self.stop.wait(seconds):
+                raise SinkStopped("stopped while dead letters were unacknowledged")
+
+        def log_failure(state: RetryCallState) -> None:
+            assert state.outcome is not None
+            log.warning("dead-letter send failed (attempt %d): %s", state.attempt_number, state.outcome.exception())
+
+        Retrying(
+            retry=retry_if_exception_type(KafkaError),
+            wait=DEAD_LETTER_BACKOFF,
+            stop=stop_never,
+            sleep=sleep_unless_stopped,
+            before_sleep=log_failure,
+        )(send_and_wait_for_acks)
 
 
 # --- the loop -----------------------------------------------------------------------------------------
@@ -172,15 +180,7 @@ class DeadLetters:
 
 @dataclass
 class LoopStats:
-    batches: int = 0
-    records: int = 0
-    written: int = 0
-    stale: int = 0
     dead_lettered: int = 0
-    commits: int = 0
-    commit_failures: int = 0
-    errors: int = 0
-    last_commit: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 class SinkLoop:
@@ -240,7 +240,6 @@ class SinkLoop:
             try:
                 batch = self.consumer.poll(timeout_ms=int(self.poll_timeout_s * 1000), max_records=self.batch_size)
             except Exception:  # a broker hiccup: the client reconnects on the next poll
-                self.stats.errors += 1
                 log.exception("%s: poll failed", self.name)
                 self.stop.wait(1.0)
                 continue
@@ -253,7 +252,6 @@ class SinkLoop:
                 except Exception:
                     # A bug or an unexpected failure: nothing of this batch was committed. Rewind to
                     # its first records and try again after a pause; never crash, never skip.
-                    self.stats.errors += 1
                     log.exception("%s: batch failed; it will be re-read", self.name)
                     self._rewind(records)
                     self.stop.wait(2.0)
@@ -281,8 +279,6 @@ class SinkLoop:
         from kafka.errors import CommitFailedError, KafkaError
         from kafka.structs import OffsetAndMetadata
 
-        self.stats.batches += 1
-        self.stats.records += len(records)
         requests: list[IndexRequest] = []
         letters: list[tuple[Any, str]] = []
         for record in records:
@@ -295,8 +291,6 @@ class SinkLoop:
         self._resume()
         letters.extend((req.ref, reason) for req, reason in outcome.rejected)
         self.dead_letters.send_all(letters)
-        self.stats.written += outcome.written
-        self.stats.stale += outcome.stale
         self.stats.dead_lettered += len(letters)
 
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
@@ -307,13 +301,9 @@ class SinkLoop:
                 offsets[tp] = OffsetAndMetadata(nxt, "", -1)
         try:
             self.consumer.commit(offsets=offsets)
-            self.stats.commits += 1
-            for tp, om in offsets.items():
-                self.stats.last_commit[(tp.topic, tp.partition)] = om.offset
         except (CommitFailedError, KafkaError) as exc:
             # The group rebalanced while we waited: these partitions may belong to another worker now,
             # which re-reads them from the last commit. The documents are written idempotently.
-            self.stats.commit_failures += 1
             log.warning("%s: commit failed after a successful write (%s); the batch will be re-delivered", self.name, exc)
         return outcome
 
@@ -435,34 +425,6 @@ def build_loops(
     if es_settings.index_signals:
         loops.append(loop("es-sink signals", settings.topics.signals, signals_group(settings), signal_requests,
                           signals_names(prefix).alias))
-    return loops
-
-
-def run_es_sink(settings: Settings, stop: threading.Event | None = None, **kwargs: Any) -> list[SinkLoop]:
-    """Run the sink until `stop` is set (`rootrank worker --role es-sink`). Each topic has its own
-    thread and consumer group, so a flood of signals never delays incidents."""
-    stop = stop or threading.Event()
-    loops = build_loops(settings, stop, **kwargs)
-    threads = [threading.Thread(target=loop.run, name=loop.name, daemon=True) for loop in loops]
-    for t in threads:
-        t.start()
-    try:
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(timeout=0.5)
-    except KeyboardInterrupt:
-        stop.set()
-        for t in threads:
-            t.join(timeout=10)
-    finally:
-        for loop in loops:
-            try:
-                loop.consumer.close(autocommit=False)
-            except Exception:
-                log.debug("consumer close failed", exc_info=True)
-        producer = loops[0].dead_letters.producer if loops else None
-        if producer is not None:
-            producer.close(timeout=5)
     return loops
 
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from correlator.diagnosis.models import Incident
-from correlator.sinks.elasticsearch.store import HARDWARE_LIKE_CLASSES, doc_to_incident
+from correlator.sinks.elasticsearch.documents import HARDWARE_LIKE_CLASSES, doc_to_incident
 
 if TYPE_CHECKING:
     from elasticsearch import Elasticsearch

@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from prometheus_client import Counter
 from pydantic import ValidationError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never
 
+from correlator.config import RetryPolicy
 from correlator.diagnosis.models import Incident
 from correlator.sinks.webhooks.api import MAX_BODY_BYTES, RegistrationAPI
 from correlator.sinks.webhooks.dispatcher import WebhookDispatcher
@@ -62,6 +64,9 @@ NOTIFICATIONS = Counter(
 )
 SKIPPED = Counter("rootrank_webhook_incidents_skipped_total", "incident messages that notified nobody", ["reason"])
 
+# Unbounded: the incident's offset is acked only once its dead letter is safe.
+DEAD_LETTER_BACKOFF = RetryPolicy(initial_backoff_s=0.5, max_backoff_s=30.0).backoff()
+
 
 @dataclass
 class WebhookSink:
@@ -79,18 +84,23 @@ class WebhookSink:
         """Publish and wait for the broker's ack; a broker outage blocks here (nothing is committed meanwhile)."""
         value = orjson.dumps(record)
         key = str(record.get("incident_id") or "").encode("utf-8") or None
-        delay = 0.5
-        while True:
-            try:
-                future = await self.deadletter_topic.send(key=key, value=value)
-                await future
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any producer failure: retry, never drop
-                log.error("webhook dead letter not written (%s); retrying in %.1fs", exc.__class__.__name__, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+
+        async def send_and_wait_for_ack() -> None:
+            future = await self.deadletter_topic.send(key=key, value=value)
+            await future
+
+        def log_failure(state: RetryCallState) -> None:
+            assert state.outcome is not None
+            log.error("webhook dead letter not written (%s); retrying in %.1fs",
+                      state.outcome.exception().__class__.__name__, state.upcoming_sleep)
+
+        await AsyncRetrying(
+            # Any producer failure: retry, never drop. A cancellation is no Exception and ends it.
+            retry=retry_if_exception_type(Exception),
+            wait=DEAD_LETTER_BACKOFF,
+            stop=stop_never,
+            before_sleep=log_failure,
+        )(send_and_wait_for_ack)
 
     async def process(self, value: bytes | None, broker_timestamp: float | None) -> None:
         """One record of the incidents topic, start to end; returns when it may be acked."""

@@ -1,6 +1,6 @@
 """POST one rendered notification until it is accepted or its budget is spent.
 
-- Retries: exponential backoff with jitter (half fixed, half random, so attempts still spread
+- Retries (tenacity, `RetryPolicy.backoff`): exponential backoff with jitter (half fixed, half random, so attempts still spread
   out while the wait keeps growing), on connection errors, timeouts, 408, 425, 429 and 5xx.
 - `Retry-After` (seconds or an HTTP date) on 429/503 is honoured as the wait, not shortened.
 - Other 4xx and redirects are final at once: retrying cannot fix them, and following a redirect
@@ -16,13 +16,20 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import aiohttp
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_result,
+    stop_after_attempt,
+    stop_before_delay,
+)
+from tenacity.stop import stop_base
 
 from correlator.config import RetryPolicy
 from correlator.sinks.webhooks.receivers.base import OutboundRequest
@@ -96,17 +103,42 @@ def describe_error(exc: BaseException) -> str:
 SleepFn = Callable[[float], Awaitable[None]]
 
 
+def _last_attempt(state: RetryCallState) -> Attempt:
+    assert state.outcome is not None
+    attempt: Attempt = state.outcome.result()
+    return attempt
+
+
+def _honoured_retry_after(attempt: Attempt) -> float | None:
+    if attempt.retry_after_s is not None and attempt.status in (429, 503):
+        return attempt.retry_after_s
+    return None
+
+
+def _outcome(attempt: Attempt) -> int | str | None:
+    return attempt.status if attempt.status is not None else attempt.error
+
+
+class stop_if_retry_after_beyond(stop_base):  # named like tenacity's own stop conditions
+    """Stop when the receiver asks for a longer wait than allowed: the caller dead-letters at once."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        retry_after = _honoured_retry_after(_last_attempt(retry_state))
+        return retry_after is not None and retry_after > self.limit_s
+
+
 class Deliverer:
     def __init__(
         self,
         policy: RetryPolicy | None = None,
         *,
-        rng: random.Random | None = None,
         sleep: SleepFn = asyncio.sleep,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.policy = policy or RetryPolicy()
-        self.rng = rng or random.Random()
         self.sleep = sleep
         self.clock = clock
         self._session: aiohttp.ClientSession | None = None
@@ -140,43 +172,63 @@ class Deliverer:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             return Attempt(None, describe_error(exc), time.monotonic() - started)
 
-    async def deliver(self, request: OutboundRequest, delivery_id: str, destination: str, target: str) -> DeliveryResult:
+    def _retrying(self, result: DeliveryResult) -> AsyncRetrying:
         policy = self.policy
-        started = time.monotonic()
-        result = DeliveryResult(delivery_id, destination, target, delivered=False)
-        for number in range(1, policy.max_attempts + 1):
-            attempt = await self._attempt(request, delivery_id)
-            result.attempts.append(attempt)
-            result.elapsed_s = time.monotonic() - started
-            outcome = attempt.status if attempt.status is not None else attempt.error
-            if attempt.ok:
-                result.delivered = True
-                log.info(
-                    "webhook %s delivered to %s (%s) on attempt %d: %s",
-                    delivery_id, destination, target, number, outcome,
-                )
-                return result
-            if not attempt.retryable:
-                result.reason = f"final answer {attempt.status}"
-                break
-            if number == policy.max_attempts:
-                result.reason = f"{number} attempts failed, last: {outcome}"
-                break
-            if attempt.retry_after_s is not None and attempt.status in (429, 503):
-                if attempt.retry_after_s > policy.max_retry_after_s:
-                    result.reason = f"Retry-After {attempt.retry_after_s:.0f}s beyond the allowed {policy.max_retry_after_s:.0f}s"
-                    break
-                delay = attempt.retry_after_s
+        backoff = policy.backoff()
+
+        def wait(state: RetryCallState) -> float:
+            retry_after = _honoured_retry_after(_last_attempt(state))
+            return retry_after if retry_after is not None else backoff(state)
+
+        retry_after_too_long = stop_if_retry_after_beyond(policy.max_retry_after_s)
+
+        def give_up(state: RetryCallState) -> Attempt:
+            """Records why the retries stopped (for the dead letter) and returns the last attempt."""
+            attempt, number = _last_attempt(state), state.attempt_number
+            if number >= policy.max_attempts:
+                result.reason = f"{number} attempts failed, last: {_outcome(attempt)}"
+            elif retry_after_too_long(state):
+                result.reason = (f"Retry-After {attempt.retry_after_s:.0f}s beyond the allowed "
+                                 f"{policy.max_retry_after_s:.0f}s")
             else:
-                delay = policy.backoff(number, self.rng)
-            if result.elapsed_s + delay > policy.budget_s:
-                result.reason = f"budget {policy.budget_s:.0f}s spent after {number} attempts, last: {outcome}"
-                break
+                result.reason = f"budget {policy.budget_s:.0f}s spent after {number} attempts, last: {_outcome(attempt)}"
+            return attempt
+
+        def log_retry(state: RetryCallState) -> None:
             log.warning(
                 "webhook %s to %s (%s) attempt %d failed (%s); retrying in %.1fs",
-                delivery_id, destination, target, number, outcome, delay,
+                result.delivery_id, result.destination, result.target, state.attempt_number,
+                _outcome(_last_attempt(state)), state.upcoming_sleep,
             )
-            await self.sleep(delay)
+
+        return AsyncRetrying(
+            retry=retry_if_result(lambda attempt: not attempt.ok and attempt.retryable),
+            wait=wait,
+            # A wait that would end past the budget is not started: the caller dead-letters now.
+            stop=stop_after_attempt(policy.max_attempts) | retry_after_too_long | stop_before_delay(policy.budget_s),
+            sleep=self.sleep,
+            before_sleep=log_retry,
+            retry_error_callback=give_up,
+        )
+
+    async def deliver(self, request: OutboundRequest, delivery_id: str, destination: str, target: str) -> DeliveryResult:
+        started = time.monotonic()
+        result = DeliveryResult(delivery_id, destination, target, delivered=False)
+
+        async def attempt_once() -> Attempt:
+            attempt = await self._attempt(request, delivery_id)
+            result.attempts.append(attempt)
+            return attempt
+
+        last: Attempt = await self._retrying(result)(attempt_once)
         result.elapsed_s = time.monotonic() - started
+        if last.ok:
+            result.delivered = True
+            log.info(
+                "webhook %s delivered to %s (%s) on attempt %d: %s",
+                delivery_id, destination, target, len(result.attempts), _outcome(last),
+            )
+            return result
+        result.reason = result.reason or f"final answer {last.status}"
         log.error("webhook %s to %s (%s) not delivered: %s", delivery_id, destination, target, result.reason)
         return result

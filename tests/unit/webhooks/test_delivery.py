@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import random
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
+from tenacity import RetryCallState
 
 from correlator.config import RetryPolicy
 from correlator.sinks.webhooks.delivery import Deliverer, DeliveryResult, parse_retry_after
@@ -25,7 +25,7 @@ FAST = RetryPolicy(max_attempts=20, initial_backoff_s=0.05, max_backoff_s=0.4, b
 
 def dispatch(receiver_config: dict[str, object], policy: RetryPolicy, **incident: object) -> tuple[list[DeliveryResult], WebhookDispatcher]:
     routes = RouteTable.from_config([{"receivers": ["hook"]}], {"hook": receiver_config})
-    dispatcher = WebhookDispatcher(routes=routes, deliverer=Deliverer(policy, rng=random.Random(7)))
+    dispatcher = WebhookDispatcher(routes=routes, deliverer=Deliverer(policy))
 
     async def go() -> list[DeliveryResult]:
         try:
@@ -129,10 +129,11 @@ def test_receiver_down_then_up_is_delivered_afterwards(http_receiver: HttpReceiv
 
 
 def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
-    policy = RetryPolicy(initial_backoff_s=1, max_backoff_s=16)
-    rng = random.Random(1)
+    backoff = RetryPolicy(initial_backoff_s=1, max_backoff_s=16).backoff()
     for attempt in range(1, 9):
         ceiling = min(16, 2 ** (attempt - 1))
-        waits = [policy.backoff(attempt, rng) for _ in range(200)]
+        after = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+        after.attempt_number = attempt
+        waits = [backoff(after) for _ in range(200)]
         assert all(ceiling / 2 <= w <= ceiling for w in waits)
         assert max(waits) - min(waits) > ceiling / 4  # jittered, not a fixed schedule
