@@ -188,6 +188,11 @@ def _incident_properties() -> dict[str, Any]:
             "rules": _kw(),
             "world_size": {"type": "integer"},
             "labels": {"type": "object", "enabled": False},
+            "attempt": {"type": "integer"},
+            "recovered": {"type": "boolean"},
+            "clock": {"type": "text"},
+            # class -> count of signals the bounded job state could not keep: for display
+            "dropped": {"type": "object", "enabled": False},
         }
     }
     return {**_ecs_common(), "error": {"properties": {"message": {"type": "text"}, "type": _kw()}}, "rootrank": rootrank}

@@ -102,6 +102,10 @@ def test_generic_json_body_is_the_incident_in_an_envelope(http_receiver: HttpRec
                 "rule_versions": {"cuda.oom": 1},
                 "world_size": 4,
                 "labels": {"team": "ml", "kubernetes.io/ns": "train"},
+                "attempt": 0,
+                "recovered": False,
+                "clock": "",
+                "dropped": {},
             },
         },
     }
