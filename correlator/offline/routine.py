@@ -24,7 +24,8 @@ from correlator.diagnosis.matcher import Buffer, Hit, Matcher
 from ingest.prefixes import Identity
 
 METRIC_KEEP = 16
-_KEY_SCAN = 40  # bytes of a line searched for the `]` that closes a leading prefix
+_VALUE_WINDOW = 96  # bytes before a metric match's end searched for its value (name, separators, number)
+_KEY = 16  # a line's first bytes that key its process (a rank prefix `[rank12345]:` fits)
 
 ProcessKey = object  # bytes (a rank-naming prefix) or a tuple (rank, host, pid, local_rank)
 
@@ -58,20 +59,29 @@ class RoutineAggregator:
     def __init__(self, matcher: Matcher, identify: Callable[[str], Identity]) -> None:
         self.matcher = matcher
         self.identify = identify
-        self._prefix_names_rank: dict[bytes, bool] = {}
+        self._prefixes: dict[bytes, bytes | None] = {}  # a line's first bytes -> the rank prefix they start with
+        self._named: dict[str, bool] = {}  # a prefix -> whether it is whole prefixes naming a rank
 
-    def _rank_prefix(self, key: bytes) -> bool:
-        """Whether `key` (a line's first bytes up to a `]` and one more) is whole prefixes naming a rank."""
-        known = self._prefix_names_rank.get(key)
-        if known is None:
-            if len(self._prefix_names_rank) > 65536:
-                self._prefix_names_rank.clear()
-            text = key.decode("utf-8", "replace")
-            ident = self.identify(text + " x") if text.startswith("[") else None
-            known = self._prefix_names_rank[key] = (
-                ident is not None and ident.rank is not None and ident.text.strip() == "x"
-            )
-        return known
+    def _rank_prefix(self, key: bytes) -> bytes | None:
+        """The prefix naming a rank that `key` (a newline and the next _KEY bytes of the file) starts its
+        line with, or None. Decided once per distinct key, with the identity parser."""
+        known = self._prefixes.get(key, b"")
+        if known != b"":
+            return known
+        if len(self._prefixes) > 1 << 18:
+            self._prefixes.clear()
+        text = key[1:].decode("utf-8", "replace")
+        close = text.find("]")
+        prefix = None
+        if text.startswith("[") and close > 0 and not key.startswith(b"\n\n"):
+            head = text[: close + 2] if text[close + 1 : close + 2] == ":" else text[: close + 1]
+            named = self._named.get(head)
+            if named is None:
+                ident = self.identify(head + " x")
+                named = self._named[head] = ident.rank is not None and ident.text.strip() == "x"
+            prefix = head.encode("utf-8", "replace") if named else None
+        self._prefixes[key] = prefix
+        return prefix
 
     def _slow_key(self, buf: Buffer, start: int, hi: int) -> ProcessKey:
         end = buf.find(b"\n", start, hi)
@@ -88,26 +98,31 @@ class RoutineAggregator:
             self._add_progress(buf, lo, hi, progress, acc)
         acc.lines += len(routine)
 
+    def _keys(self, buf: Buffer, lo: int, hi: int, ends: list[int]) -> tuple[list[int], list[ProcessKey]]:
+        """Line starts and process keys of the lines ending at or containing `ends`, with C-level maps: the
+        newline before each line and the _KEY bytes after it are the key. Keys whose bytes start with no rank-naming prefix are replaced by the line's
+        parsed identity, one by one."""
+        newlines = list(map(partial(buf.rfind, b"\n", max(lo - 1, 0)), ends))
+        keys: list[ProcessKey] = list(map(buf.__getitem__, map(slice, newlines, [n + 1 + _KEY for n in newlines])))
+        starts = [n + 1 for n in newlines]
+        first = 0
+        while first < len(newlines) and newlines[first] < 0:  # the buffer's first line: no newline before it
+            keys[first] = b"\n" + bytes(buf[0:_KEY])
+            first += 1
+        prefix = self._rank_prefix
+        bad = {key for key in set(keys) if prefix(key) is None}  # type: ignore[arg-type]
+        if bad:
+            keys = [key if key not in bad else self._slow_key(buf, start, hi) for key, start in zip(keys, starts)]
+        return starts, keys
+
     def _add_progress(self, buf: Buffer, lo: int, hi: int, hits: list[tuple[int, int]], acc: RoutineAggregate) -> None:
-        """Progress hits end at their line's end. In bulk, with C-level maps: each line's start, its
-        bracketed prefix (up to the first `]` and one byte more), then one dict of (id, prefix) -> latest
-        start; only the lines whose prefix names no rank are looked at one by one."""
+        """Progress hits end at their line's end: one dict of (id, key) -> latest line start, in bulk."""
         base = self.matcher.routine_base
-        ends = [hit[0] for hit in hits]
-        rids = [hit[1] for hit in hits]
-        starts = [s + 1 for s in map(partial(buf.rfind, b"\n", lo), ends)]
-        keys = self._keys(buf, starts)
-        bad = {key for key in set(keys) if not self._rank_prefix(key)}
-        latest = acc.progress
-        ids = [rid - base for rid in rids]
-        if not bad:
-            latest.update(zip(zip(ids, keys), starts))
-            return
-        for r, key, start in zip(ids, keys, starts):
-            latest[(r, key if key not in bad else self._slow_key(buf, start, hi))] = start
+        starts, keys = self._keys(buf, lo, hi, [hit[0] for hit in hits])
+        acc.progress.update(zip(zip([hit[1] - base for hit in hits], keys), starts))
 
     def _add_metric(self, buf: Buffer, lo: int, hi: int, hits: list[tuple[int, int]], acc: RoutineAggregate) -> None:
-        """Metric hits, in bulk per pattern: line starts, prefixes and values with C-level maps, then one
+        """Metric hits, in bulk per pattern: line starts, keys and values with C-level maps, then one
         pass that keeps each (pattern, process)'s largest and smallest value."""
         base = self.matcher.routine_base
         by_id: dict[int, list[int]] = {}
@@ -118,13 +133,11 @@ class RoutineAggregator:
             r = rid - base
             regex, name = self.matcher.routine_value[r]
             # A metric match may end on its line's newline: look for the line's start before that.
-            starts = [s + 1 for s in map(partial(buf.rfind, b"\n", lo), [to - 1 for to in ends])]
-            keys = self._keys(buf, starts)
-            bad = {key for key in set(keys) if not self._rank_prefix(key)}
-            if bad:
-                keys = [key if key not in bad else self._slow_key(buf, start, hi) for key, start in zip(keys, starts)]
+            starts, keys = self._keys(buf, lo, hi, [to - 1 for to in ends])
             if regex is not None:
-                found = list(map(partial(regex.search, buf), starts, ends))  # type: ignore[arg-type]
+                # The match ends at `to`, the value just before it: search the last _VALUE_WINDOW bytes only.
+                found = list(map(partial(regex.search, buf),  # type: ignore[arg-type]
+                                 [max(s, to - _VALUE_WINDOW) for s, to in zip(starts, ends)], ends))
                 values = [float(m.group(name)) if m is not None else self._value(buf, start, hi, r)
                           for m, start in zip(found, starts)]
             else:
@@ -138,11 +151,9 @@ class RoutineAggregator:
                 elif value < current[2]:
                     current[2] = value
 
-    @staticmethod
-    def _keys(buf: Buffer, starts: list[int]) -> list[bytes]:
-        """Each line's first bytes up to its first `]` and one byte more (b"" when there is none near)."""
-        closes = map(partial(buf.find, b"]"), starts, [s + _KEY_SCAN for s in starts])
-        return list(map(buf.__getitem__, map(slice, starts, [c + 2 if c >= 0 else 0 for c in closes])))
+    def _process(self, key: ProcessKey) -> ProcessKey:
+        """A key as the process it names: a rank's prefix for the bytes keys, the identity tuple otherwise."""
+        return self._rank_prefix(key) or key if isinstance(key, bytes) else key
 
     def _value(self, buf: Buffer, start: int, hi: int, r: int) -> float:
         """A metric value the bytes regex could not read: the rule's extractors on the decoded line."""
@@ -164,14 +175,15 @@ class RoutineAggregator:
         progress latest first (see `Diagnoser._routine_signals`)."""
         matcher = self.matcher
         latest: dict[tuple[int, ProcessKey], int] = {}
-        for (r, pkey), start in acc.progress.items():
+        for (r, raw_key), start in acc.progress.items():
+            pkey = self._process(raw_key)
             for expr_id in matcher.routine_expand[r]:
                 key = (matcher.exprs[expr_id].rule_index, pkey)
                 if latest.get(key, -1) < start:
                     latest[key] = start
         peaks: dict[tuple[int, ProcessKey], list[float]] = {}
-        for (r, pkey), (high, at, low) in acc.metric.items():
-            key = (matcher.exprs[matcher.routine_expand[r][0]].rule_index, pkey)
+        for (r, raw_key), (high, at, low) in acc.metric.items():
+            key = (matcher.exprs[matcher.routine_expand[r][0]].rule_index, self._process(raw_key))
             current = peaks.get(key)
             if current is None:
                 peaks[key] = [high, at, low]
