@@ -102,11 +102,11 @@ class Matcher:
         by_members: dict[tuple[tuple[int, ...], bool], list[str]] = {}
         for (pattern, caseless), members in progress.items():
             by_members.setdefault((tuple(members), caseless), []).append(pattern)
-        for (members, caseless), patterns in by_members.items():
+        for (member_ids, caseless), patterns in by_members.items():
             joined = "(?:" + "|".join(f"(?:{p})" for p in patterns) + ")[^\n]*$"
             routine.append((self.routine_base + len(self.routine_expand), joined.encode("utf-8"),
                             pattern_flags(caseless)))
-            self.routine_expand.append(members)
+            self.routine_expand.append(member_ids)
             self.routine_metric.append(False)
             self.routine_value.append((None, ""))
         self.routine_db = self._load_or_compile(routine, use_cache) if routine else None

@@ -136,7 +136,7 @@ class RoutineAggregator:
             starts, keys = self._keys(buf, lo, hi, [to - 1 for to in ends])
             if regex is not None:
                 # The match ends at `to`, the value just before it: search the last _VALUE_WINDOW bytes only.
-                found = list(map(partial(regex.search, buf),  # type: ignore[arg-type]
+                found = list(map(partial(regex.search, buf),
                                  [max(s, to - _VALUE_WINDOW) for s, to in zip(starts, ends)], ends))
                 values = [float(m.group(name)) if m is not None else self._value(buf, start, hi, r)
                           for m, start in zip(found, starts)]
