@@ -475,8 +475,8 @@ def _package_version() -> str:
 
 
 def _ruleset_cache_key(root: Path, classes_path: Path, files: list[Path]) -> str | None:
-    """sha256 of what the loaded set depends on: every rule file's path and bytes, classes.yaml's bytes,
-    the package version and the validating and compiling libraries' versions."""
+    """sha256 of what the loaded set depends on: where the rules are, every rule file's path and bytes,
+    classes.yaml's bytes, the package version and the validating and compiling libraries' versions."""
     import hyperscan
     import pydantic
 
@@ -485,6 +485,9 @@ def _ruleset_cache_key(root: Path, classes_path: Path, files: list[Path]) -> str
         f"{yaml.__version__}".encode()
     )
     try:
+        # The loaded rules carry their files' paths (for file:line reports): the same content elsewhere is
+        # another entry.
+        digest.update(str(root.resolve()).encode() + b"\0" + str(classes_path.resolve()).encode() + b"\0")
         digest.update(classes_path.read_bytes())
         for path in files:
             digest.update(b"\0" + str(path.relative_to(root)).encode() + b"\0")

@@ -74,6 +74,15 @@ def test_a_changed_rule_file_is_picked_up(rules_copy: Path) -> None:
     assert [after.rules[h.rule_index].rule.id for h in hits] == [rule_id]
 
 
+def test_the_same_rules_elsewhere_report_their_own_paths(rules_copy: Path) -> None:
+    first = load_ruleset(rules_copy)
+    moved = rules_copy.parent / "moved"
+    shutil.copytree(rules_copy, moved)
+    second = load_ruleset(moved)
+    assert second.cache_key != first.cache_key
+    assert all(str(lr.path).startswith(str(moved)) for lr in second.rules)
+
+
 def test_a_broken_rule_is_reported_even_when_an_earlier_set_was_cached(rules_copy: Path) -> None:
     load_ruleset(rules_copy)
     path = next(p for p in sorted(rules_copy.rglob("*.yaml")) if p.name != "classes.yaml")
