@@ -21,17 +21,13 @@ from typing import Literal
 import hyperscan
 
 from correlator.diagnosis.patterns import cache_dir, pattern_flags
-from correlator.diagnosis.rules import Rule, RuleSet
+from correlator.diagnosis.rules import Rule, RuleSet, cached_database, store_databases
 
 ExprRole = Literal["main", "after", "end"]
 # What the matcher scans: bytes, or an mmap of a whole file (diagnose scans regions of it in place).
 Buffer = bytes | mmap.mmap
 
 FREQUENT_CAP = 1024
-SAMPLE_BLOCKS = 1024
-SAMPLE_EVERY = 4
-SAMPLE_MIN_BLOCK = 4096
-SAMPLE_EXACT_BELOW = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +53,15 @@ class Matcher:
         self.ruleset = ruleset
         self.rules: list[Rule] = [lr.rule for lr in ruleset.rules]
         self.exprs: list[Expr] = []
+        self._new_databases: dict[str, bytes] = {}  # compiled or read from hs-*.db: added to the rule set's cache
         main: list[tuple[int, bytes, int]] = []
-        sampled: list[tuple[int, bytes, int]] = []
+        # Routine patterns (metric values, progress end markers) go to a database of their own, scanned
+        # exactly. The progress markers of several rules share patterns ("'loss': [0-9]", "iteration N/ M |"):
+        # each distinct pattern set becomes one expression that reports a line once, at its end
+        # (`(?:a|b|c)[^\n]*$`), so a training-step line costs one callback, not one per pattern and rule.
+        progress: dict[tuple[str, bool], list[int]] = {}  # (pattern, caseless) -> expr ids (one per rule)
+        metric: list[tuple[int, str, bool]] = []  # (expr id, pattern, caseless)
+        self._end_expr: dict[int, int] = {}  # rule index -> its first "end" expr id
         for index, rule in enumerate(self.rules):
             groups: list[tuple[ExprRole, list[str]]] = [("main", rule.patterns)]
             if rule.sequence is not None:
@@ -67,26 +70,49 @@ class Matcher:
                 groups.append(("end", rule.absence.end))
             for role, pats in groups:
                 for pattern in pats:
-                    frequent = (role == "end" and rule.absence is not None and rule.absence.progress) or (
-                        rule.metric is not None and role == "main"
-                    )
-                    target = sampled if frequent else main
-                    target.append((len(self.exprs), pattern.encode("utf-8"), pattern_flags(rule.caseless)))
+                    expr_id = len(self.exprs)
                     self.exprs.append(Expr(index, role))
+                    if role == "end" and rule.absence is not None and rule.absence.progress:
+                        first = self._end_expr.setdefault(index, expr_id)
+                        members = progress.setdefault((pattern, rule.caseless), [])
+                        if first not in members:
+                            members.append(first)
+                    elif rule.metric is not None and role == "main":
+                        metric.append((expr_id, pattern, rule.caseless))
+                    else:
+                        main.append((expr_id, pattern.encode("utf-8"), pattern_flags(rule.caseless)))
         self._frequent: list[bool] = [e.role == "end" for e in self.exprs]
-        self._extractors: list[list[re.Pattern[str]]] = [self._compile_extractors(r) for r in self.rules]
+        self._extractors: list[list[re.Pattern[str]]] | None = None  # compiled on first use (start-up)
         self.db = self._load_or_compile(main, use_cache)
-        # Metric observations (a grad norm per step per rank) and progress markers (the "end" of
-        # absence rules: a loss line) can be on most lines of a log. They are sampled: at most one
-        # hit per pattern per sample block, found with SINGLEMATCH, which keeps both the scan
-        # and the Python callbacks off the hot path. Failure signatures are never sampled.
-        self.sampled_db = (
-            self._load_or_compile([(i, p, f | hyperscan.HS_FLAG_SINGLEMATCH) for i, p, f in sampled], use_cache)
-            if sampled else None
-        )
-        # Buffers below SAMPLE_EXACT_BELOW (a streaming batch, a small log) are scanned exactly.
-        self.routine_db = self._load_or_compile(sampled, use_cache) if sampled else None
+        # Routine ids start after the expression ids, so scan_raw's output says which database hit.
+        self.routine_base = len(self.exprs)
+        self.routine_expand: list[tuple[int, ...]] = []  # routine id - base -> the expr ids it stands for
+        self.routine_metric: list[bool] = []  # routine id - base -> a metric pattern (else progress)
+        self.routine_value: list[tuple[re.Pattern[bytes] | None, str]] = []  # metric: value regex, field
+        routine: list[tuple[int, bytes, int]] = []
+        self.routine_metrics = len(metric)  # routine ids base .. base + routine_metrics - 1: metric patterns
+        for expr_id, pattern, caseless in metric:
+            rule = self.rules[self.exprs[expr_id].rule_index]
+            assert rule.metric is not None
+            routine.append((self.routine_base + len(self.routine_expand), pattern.encode("utf-8"),
+                            pattern_flags(caseless)))
+            self.routine_expand.append((expr_id,))
+            self.routine_metric.append(True)
+            self.routine_value.append((_value_regex(pattern, rule.metric.field, caseless), rule.metric.field))
+        by_members: dict[tuple[tuple[int, ...], bool], list[str]] = {}
+        for (pattern, caseless), members in progress.items():
+            by_members.setdefault((tuple(members), caseless), []).append(pattern)
+        for (member_ids, caseless), patterns in by_members.items():
+            joined = "(?:" + "|".join(f"(?:{p})" for p in patterns) + ")[^\n]*$"
+            routine.append((self.routine_base + len(self.routine_expand), joined.encode("utf-8"),
+                            pattern_flags(caseless)))
+            self.routine_expand.append(member_ids)
+            self.routine_metric.append(False)
+            self.routine_value.append((None, ""))
+        self.routine_db = self._load_or_compile(routine, use_cache) if routine else None
         self._local = threading.local()
+        if use_cache:
+            store_databases(ruleset, self._new_databases)
 
     @staticmethod
     def _compile_extractors(rule: Rule) -> list[re.Pattern[str]]:
@@ -107,11 +133,21 @@ class Matcher:
         key = hashlib.sha256(
             b"\0".join(patterns) + repr((ids, flags)).encode() + hyperscan.__version__.encode()
         ).hexdigest()[:20]
+        blob = cached_database(self.ruleset, key) if use_cache else None
+        if blob is not None:
+            try:
+                db = hyperscan.loadb(blob, hyperscan.HS_MODE_BLOCK)
+                db.scratch = hyperscan.Scratch(db)
+                return db
+            except Exception:
+                pass  # compiled below, and stored again
         path = cache_dir() / f"hs-{key}.db"
         if use_cache and path.exists():
             try:
-                db = hyperscan.loadb(path.read_bytes(), hyperscan.HS_MODE_BLOCK)
+                blob = path.read_bytes()
+                db = hyperscan.loadb(blob, hyperscan.HS_MODE_BLOCK)
                 db.scratch = hyperscan.Scratch(db)  # a deserialized database comes without scratch space
+                self._new_databases[key] = blob
                 return db
             except Exception:
                 pass  # a stale or torn cache file is rebuilt below
@@ -121,72 +157,59 @@ class Matcher:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_bytes(hyperscan.dumpb(db))
+                blob = hyperscan.dumpb(db)
+                self._new_databases[key] = blob
+                tmp.write_bytes(blob)
                 tmp.replace(path)
             except OSError:
                 pass  # a read-only home only costs the compile time
         return db
 
     def scan_raw(self, buf: Buffer, lo: int = 0, hi: int | None = None) -> list[tuple[int, int]]:
-        """(end offset in `buf`, expression id) for every match in `buf[lo:hi]` (metric patterns: sampled
-        per block). Safe to call from several threads at once: each scan uses its own scratch space."""
-        hi = len(buf) if hi is None else hi
-        hits: list[tuple[int, int]] = []
-        if hi <= lo:
-            return hits
-        scratch = self._scratch()
-        view = memoryview(buf)[lo:hi]  # no copy: hyperscan reads the caller's buffer (bytes or mmap)
-
-        def on_match(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
-            hits.append((lo + to, expr_id))
-
-        self.db.scan(view, match_event_handler=on_match, scratch=scratch[0])  # type: ignore[type-var]
-        if self.routine_db is not None and hi - lo < SAMPLE_EXACT_BELOW:
-            self.routine_db.scan(view, match_event_handler=on_match, scratch=scratch[1])  # type: ignore[type-var]
-        elif self.sampled_db is not None:
-            self._scan_sampled(buf, lo, hi, view, hits, scratch[2])
-        view.release()
+        """(end offset in `buf`, id) for every match in `buf[lo:hi]`: expression ids from the main database,
+        routine ids (>= `routine_base`) from the routine one. Safe to call from several threads at once:
+        each scan uses its own scratch space."""
+        hits, routine = self.scan_split(buf, lo, hi)
+        hits.extend(routine)
         return hits
 
-    def _scratch(self) -> tuple[hyperscan.Scratch, hyperscan.Scratch | None, hyperscan.Scratch | None]:
-        """Scratch space for the three databases, one set per thread (hyperscan releases the GIL while
-        it scans, so diagnose scans the next chunk on another thread)."""
+    def scan_split(self, buf: Buffer, lo: int = 0, hi: int | None = None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The main database's matches and the routine database's, apart: (end offset, id) each, in
+        buffer order. A progress id's end offset is its line's end; a metric id's is the match's end."""
+        hi = len(buf) if hi is None else hi
+        hits: list[tuple[int, int]] = []
+        routine: list[tuple[int, int]] = []
+        if hi <= lo:
+            return hits, routine
+        scratch = self._scratch()
+        view = memoryview(buf)[lo:hi]  # no copy: hyperscan reads the caller's buffer (bytes or mmap)
+        try:
+            def on_match(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+                hits.append((lo + to, expr_id))
+
+            self.db.scan(view, match_event_handler=on_match, scratch=scratch[0])  # type: ignore[type-var]
+            if self.routine_db is not None:
+                add = routine.append
+
+                def on_routine(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+                    add((lo + to, expr_id))
+
+                self.routine_db.scan(view, match_event_handler=on_routine, scratch=scratch[1])  # type: ignore[type-var]
+        finally:
+            view.release()
+        return hits, routine
+
+    def _scratch(self) -> tuple[hyperscan.Scratch, hyperscan.Scratch | None]:
+        """Scratch space for the two databases, one pair per thread (hyperscan releases the GIL while it
+        scans, so callers may scan on several threads)."""
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
             scratch = (
                 hyperscan.Scratch(self.db),
                 hyperscan.Scratch(self.routine_db) if self.routine_db is not None else None,
-                hyperscan.Scratch(self.sampled_db) if self.sampled_db is not None else None,
             )
             self._local.scratch = scratch
         return scratch
-
-    def _scan_sampled(
-        self, buf: Buffer, lo: int, hi: int, view: memoryview, hits: list[tuple[int, int]],
-        scratch: hyperscan.Scratch | None,
-    ) -> None:
-        assert self.sampled_db is not None
-        size = hi - lo
-        # Blocks of about 1/SAMPLE_BLOCKS of the buffer; every SAMPLE_EVERY-th block is scanned, and
-        # the last one always (the latest progress of each rank is what absence rules ask about).
-        block = max(SAMPLE_MIN_BLOCK, size // SAMPLE_BLOCKS)
-        tail_start = max(lo, buf.rfind(b"\n", lo, max(lo, hi - block)) + 1)
-        start = lo
-        index = 0
-        while start < hi:
-            end = buf.find(b"\n", min(start + block, hi), hi)
-            end = hi if end < 0 else end
-            if index % SAMPLE_EVERY == 0 or end >= tail_start:
-                def on_match(
-                    expr_id: int, _from: int, to: int, _flags: int, _ctx: object, base: int = start
-                ) -> None:
-                    hits.append((base + to, expr_id))
-
-                self.sampled_db.scan(  # type: ignore[type-var]
-                    view[start - lo : end - lo], match_event_handler=on_match, scratch=scratch
-                )
-            start = end + 1
-            index += 1
 
     def scan_buffer(
         self, buf: Buffer, lo: int = 0, hi: int | None = None, *, frequent_cap: int = FREQUENT_CAP,
@@ -205,6 +228,9 @@ class Matcher:
         frequent: dict[int, list[tuple[int, int]]] = {}
         plain: list[tuple[int, int]] = []
         is_frequent = self._frequent
+        base, expand = self.routine_base, self.routine_expand
+        if any(item[1] >= base for item in raw):
+            raw = [(to, e) for to, rid in raw for e in (expand[rid - base] if rid >= base else (rid,))]
         for item in raw:
             if is_frequent[item[1]]:
                 frequent.setdefault(item[1], []).append(item)
@@ -259,6 +285,8 @@ class Matcher:
     def extract(self, rule_index: int, text: str) -> dict[str, str]:
         """Named groups of the rule's patterns and `extract` regexes found in one line."""
         fields: dict[str, str] = {}
+        if self._extractors is None:
+            self._extractors = [self._compile_extractors(r) for r in self.rules]
         for compiled in self._extractors[rule_index]:
             m = compiled.search(text)
             if m:
@@ -272,3 +300,13 @@ class Matcher:
         return any(
             h.rule_index == rule_index and h.role == "main" for h in self.scan_buffer(text.encode("utf-8"))
         )
+
+
+def _value_regex(pattern: str, field: str, caseless: bool) -> re.Pattern[bytes] | None:
+    """A metric pattern as a bytes regex whose group `field` is the value (None: Python cannot compile it,
+    and the value is read by the rule's extractors instead)."""
+    try:
+        compiled = re.compile(pattern.encode("utf-8"), re.IGNORECASE if caseless else 0)
+    except re.error:
+        return None
+    return compiled if field in compiled.groupindex else None

@@ -7,7 +7,10 @@ One YAML file per rule under `rules/<category>/<id>.yaml`. Every problem is repo
 from __future__ import annotations
 
 import hashlib
+import os
+import pickle
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -194,6 +197,8 @@ class RuleSet:
     rules: tuple[LoadedRule, ...]
     classes: dict[str, FailureClass]
     version: str
+    # The on-disk cache entry this set was loaded from or saved to (see `load_ruleset`); None: not cached.
+    cache_key: str | None = field(default=None, compare=False)
 
     def by_id(self) -> dict[str, Rule]:
         return {lr.rule.id: lr.rule for lr in self.rules}
@@ -397,22 +402,41 @@ def _whole_set_compiles(files: list[Path], classes: dict[str, FailureClass]) -> 
     return True
 
 
-def load_ruleset(root: Path | None = None, *, strict: bool = True) -> RuleSet:
+def load_ruleset(root: Path | None = None, *, strict: bool = True, use_cache: bool = True) -> RuleSet:
     """Load and validate every rule under `root`.
 
     strict: raise RuleError listing every problem; otherwise skip broken files (hot reload keeps
     serving the rules that are fine and reports the rest).
+
+    use_cache: a rule set that validated is kept on disk (`cache_dir()`), keyed by the content of every
+    rule file and classes.yaml, the package version and the versions of what validates and compiles
+    them; the next load with the same content reads that one file (with the compiled hyperscan
+    databases the matcher added to it) instead of parsing and validating every YAML file. Changing,
+    adding or removing a rule file changes the key.
     """
     root = root or default_rules_dir()
     classes_path = root / "classes.yaml"
     if not classes_path.exists():
         classes_path = default_rules_dir() / "classes.yaml"
+    files = list(_rule_files(root))
+    cache_key = _ruleset_cache_key(root, classes_path, files) if use_cache else None
+    if cache_key is not None:
+        cached = _read_cached_ruleset(cache_key)
+        if cached is not None:
+            return cached
+    ruleset = _load_ruleset_files(root, classes_path, files, strict)
+    if cache_key is not None and len(ruleset.rules) == len(files):  # every file valid: worth keeping
+        ruleset = RuleSet(rules=ruleset.rules, classes=ruleset.classes, version=ruleset.version, cache_key=cache_key)
+        _write_cached_ruleset(ruleset, {})
+    return ruleset
+
+
+def _load_ruleset_files(root: Path, classes_path: Path, files: list[Path], strict: bool) -> RuleSet:
     classes = load_classes(classes_path)
     problems: list[str] = []
     loaded: list[LoadedRule] = []
     seen: dict[str, Path] = {}
     digest = hashlib.sha256()
-    files = list(_rule_files(root))
     # One compile of every pattern (remembered by content hash) proves them all; only when it fails
     # is each file compiled on its own, to say which pattern is wrong and where.
     check_each = not _whole_set_compiles(files, classes)
@@ -432,6 +456,93 @@ def load_ruleset(root: Path | None = None, *, strict: bool = True) -> RuleSet:
     if problems and strict:
         raise RuleError(problems)
     return RuleSet(rules=tuple(loaded), classes=classes, version=digest.hexdigest()[:12])
+
+
+# --- the on-disk cache of validated rule sets ---------------------------------------------
+
+_CACHE_FORMAT = 1
+# cache key -> the compiled databases (matcher key -> hyperscan.dumpb bytes) stored with that rule set
+_DATABASES: dict[str, dict[str, bytes]] = {}
+
+
+def _package_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("rootrank")
+    except Exception:  # noqa: BLE001  (not installed: a source checkout on PYTHONPATH)
+        return "source"
+
+
+def _ruleset_cache_key(root: Path, classes_path: Path, files: list[Path]) -> str | None:
+    """sha256 of what the loaded set depends on: where the rules are, every rule file's path and bytes,
+    classes.yaml's bytes, the package version and the validating and compiling libraries' versions."""
+    import hyperscan
+    import pydantic
+
+    digest = hashlib.sha256(
+        f"{_CACHE_FORMAT}|{_package_version()}|{sys.version_info[:2]}|{pydantic.VERSION}|{hyperscan.__version__}|"
+        f"{yaml.__version__}".encode()
+    )
+    try:
+        # The loaded rules carry their files' paths (for file:line reports): the same content elsewhere is
+        # another entry.
+        digest.update(str(root.resolve()).encode() + b"\0" + str(classes_path.resolve()).encode() + b"\0")
+        digest.update(classes_path.read_bytes())
+        for path in files:
+            digest.update(b"\0" + str(path.relative_to(root)).encode() + b"\0")
+            digest.update(path.read_bytes())
+    except (OSError, ValueError):
+        return None  # unreadable now: the full load reports it
+    return digest.hexdigest()[:32]
+
+
+def _cache_path(cache_key: str) -> Path:
+    return cache_dir() / f"ruleset-{cache_key}.pickle"
+
+
+def _read_cached_ruleset(cache_key: str) -> RuleSet | None:
+    try:
+        with _cache_path(cache_key).open("rb") as fh:
+            entry = pickle.load(fh)
+        ruleset, databases = entry["ruleset"], entry["databases"]
+    except Exception:  # noqa: BLE001  (absent, torn or from another version: the full load rebuilds it)
+        return None
+    if not isinstance(ruleset, RuleSet) or ruleset.cache_key != cache_key:
+        return None
+    _DATABASES[cache_key] = dict(databases)
+    return ruleset
+
+
+def _write_cached_ruleset(ruleset: RuleSet, databases: dict[str, bytes]) -> None:
+    assert ruleset.cache_key is not None
+    path = _cache_path(ruleset.cache_key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with tmp.open("wb") as fh:
+            pickle.dump({"ruleset": ruleset, "databases": databases}, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs the next start-up its full load
+    _DATABASES[ruleset.cache_key] = dict(databases)
+
+
+def cached_database(ruleset: RuleSet, key: str) -> bytes | None:
+    """A compiled database (hyperscan.dumpb) stored with the rule set's cache entry, by the matcher's key."""
+    if ruleset.cache_key is None:
+        return None
+    return _DATABASES.get(ruleset.cache_key, {}).get(key)
+
+
+def store_databases(ruleset: RuleSet, databases: dict[str, bytes]) -> None:
+    """Add compiled databases to the rule set's cache entry, so the next start-up reads one file."""
+    if ruleset.cache_key is None or not databases:
+        return
+    known = _DATABASES.get(ruleset.cache_key, {})
+    if all(known.get(k) == v for k, v in databases.items()):
+        return
+    _write_cached_ruleset(ruleset, {**known, **databases})
 
 
 def rule_json_schema() -> dict[str, Any]:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import gzip
 import io
+import math
 import mmap
 import multiprocessing
 import multiprocessing.pool
@@ -23,10 +25,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from correlator.diagnosis.engine import Engine, JobState
+from correlator.diagnosis.engine.state import sort_key
 from correlator.diagnosis.matcher import Buffer, Hit, Matcher
 from correlator.diagnosis.models import Incident, Signal
 from correlator.diagnosis.rules import RuleSet, load_ruleset
 from correlator.diagnosis.signals import SignalExtractor, best_hits_per_line
+from correlator.offline.routine import RoutineAggregate, RoutineAggregator
 from ingest.decoders import DecodeError, decode_value, to_event
 from ingest.event import LogEvent
 from ingest.multiline import is_continuation, split_glued
@@ -34,7 +38,6 @@ from ingest.prefixes import Identity, identity_from_path, parse_prefixes
 
 CHUNK_BYTES = 16 * 1024 * 1024
 CONTINUATION_LOOKBACK = 64
-METRIC_KEEP = 16
 _ORDER_STRIDE = 10**12  # orders of different files never interleave when no timestamps exist
 
 
@@ -111,6 +114,7 @@ class Diagnoser:
         self.matcher = matcher or Matcher(self.ruleset)
         self.extractor = SignalExtractor(self.ruleset, self.matcher)
         self.engine = Engine(self.ruleset)
+        self.routine = RoutineAggregator(self.matcher, _identify_line)
 
     # --- reading ------------------------------------------------------------------------
 
@@ -164,6 +168,7 @@ class Diagnoser:
                 with mapped:
                     return self._signals_from_mapped(source, mapped, path_hints, job_id, file_index, stats, progress)
         out: list[Signal] = []
+        routine: list[Signal] = []
         carry = b""
         base = 0  # byte offset of `buf` in the file
         chunk = head
@@ -174,18 +179,22 @@ class Diagnoser:
             if not nxt:
                 cut = len(buf)
             body, carry = buf[:cut], buf[cut:]
-            signals, lines_hit = self._scan_region(body, 0, len(body), base, source.name, path_hints, job_id, file_index)
+            signals, lines_hit, acc = self._scan_region(body, 0, len(body), base, source.name, path_hints, job_id, file_index)
             out.extend(signals)
-            stats.lines_hit += lines_hit
+            # A chunk is gone once scanned: its routine winners become signals now, merged per process below.
+            routine.extend(self._routine_signals(body, len(body), acc, base, source.name, path_hints, job_id, file_index))
+            stats.lines_hit += lines_hit + acc.lines
             base += len(body)
             stats.bytes += len(chunk)
             if progress:
                 progress(len(chunk))
             chunk = nxt
         if carry:
-            signals, lines_hit = self._scan_region(carry, 0, len(carry), base, source.name, path_hints, job_id, file_index)
+            signals, lines_hit, acc = self._scan_region(carry, 0, len(carry), base, source.name, path_hints, job_id, file_index)
             out.extend(signals)
-            stats.lines_hit += lines_hit
+            routine.extend(self._routine_signals(carry, len(carry), acc, base, source.name, path_hints, job_id, file_index))
+            stats.lines_hit += lines_hit + acc.lines
+        out.extend(_merge_routine(routine))
         return out
 
     def _signals_from_mapped(
@@ -202,7 +211,7 @@ class Diagnoser:
         once. Every offset is a file offset, so a traceback's owner is found across chunk edges."""
         regions = _regions(mapped, CHUNK_BYTES)
         tasks = [(str(source.path), lo, hi, source.name, path_hints, job_id, file_index) for lo, hi in regions]
-        results: Iterator[tuple[list[Signal], int]]
+        results: Iterator[tuple[list[Signal], int, RoutineAggregate]]
         pool = None
         if self.jobs > 1 and len(regions) > 1:
             pool = _fork_pool(self, min(self.jobs, len(regions)))
@@ -213,12 +222,16 @@ class Diagnoser:
                 results = (self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, file_index)
                            for lo, hi in regions)
             out: list[Signal] = []
-            for (lo, hi), (signals, lines_hit) in zip(regions, results):
+            routine = RoutineAggregate()
+            for (lo, hi), (signals, lines_hit, acc) in zip(regions, results):
                 out.extend(signals)
-                stats.lines_hit += lines_hit
+                routine.merge(acc)
+                stats.lines_hit += lines_hit + acc.lines
                 stats.bytes += hi - lo
                 if progress:
                     progress(hi - lo)
+            # The whole file is mapped here: routine winners of every region are read from it once.
+            out.extend(self._routine_signals(mapped, len(mapped), routine, 0, source.name, path_hints, job_id, file_index))
             return out
         finally:
             if pool is not None:
@@ -234,56 +247,62 @@ class Diagnoser:
         path_hints: dict[str, str | int],
         job_id: str,
         file_index: int,
-    ) -> tuple[list[Signal], int]:
-        """Signals of the lines in `body[lo:hi]` and how many lines hit; `base` + a position in `body`
-        is the file offset."""
-        hits = self.matcher.scan_buffer(body, lo, hi)
-        if not hits:
-            return [], 0
+    ) -> tuple[list[Signal], int, RoutineAggregate]:
+        """Signals of the lines in `body[lo:hi]` that hit a failure rule, how many lines those are, and
+        the region's routine lines aggregated per process; `base` + a position in `body` is the file offset."""
+        acc = RoutineAggregate()
+        # A region's hits are hundreds of thousands of small tuples: the cyclic collector would walk them
+        # over and over while they are built, and none of them forms a cycle.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            main, routine_hits = self.matcher.scan_split(body, lo, hi)
+            if routine_hits:
+                self.routine.add(body, lo, hi, routine_hits, acc)
+            del routine_hits
+        finally:
+            if collecting:
+                gc.enable()
+        if not main:
+            return [], 0, acc
+        hits = self.matcher.scan_buffer(body, lo, hi, raw=main)
         pairs = best_hits_per_line([(h.start, h) for h in hits], self.matcher.rules)
         out: list[Signal] = []
         lines_hit = 0
         cache: dict[int, tuple[LogEvent, str]] = {}
-        sampled: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]] = {}
         for start, hit in pairs:
-            if self.extractor.is_routine(hit):
-                self._aggregate_sampled(body, hit, sampled)
-                continue
             if start not in cache:
                 lines_hit += 1
                 cache[start] = self._event_for_line(body, hit, base, name, path_hints, job_id)
             event, raw = cache[start]
             out.append(self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + start, raw=raw))
-        # Routine lines (progress markers, metric values) become one signal per rule and process per
-        # chunk: the latest progress, the largest value (the smallest rides along in `metric_min`).
-        for _value, hit, low in _metric_extremes(sampled):
-            lines_hit += 1
+        return out, lines_hit, acc
+
+    def _routine_signals(
+        self,
+        body: Buffer,
+        hi: int,
+        acc: RoutineAggregate,
+        base: int,
+        name: str,
+        path_hints: dict[str, str | int],
+        job_id: str,
+        file_index: int,
+    ) -> list[Signal]:
+        """One signal per rule and process for routine lines: the latest progress line (latest first, so
+        the engine's cap on markers per rule keeps the latest without evicting), the largest metric value
+        with the smallest in `metric_min`."""
+        progress: list[Signal] = []
+        metric: list[Signal] = []
+        for hit, low in self.routine.winners(body, hi, acc):
             event, raw = self._event_for_line(body, hit, base, name, path_hints, job_id)
             signal = self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + hit.start, raw=raw)
-            if "metric" in signal.fields:
+            if low is not None and "metric" in signal.fields:
                 signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
-            out.append(signal)
-        return out, lines_hit
-
-    def _aggregate_sampled(
-        self, body: Buffer, hit: Hit, acc: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]]
-    ) -> None:
-        rule = self.matcher.rules[hit.rule_index]
-        raw = body[hit.start : hit.end].decode("utf-8", "replace")
-        ident = self._identify(raw)
-        key = (hit.rule_index, hit.role, (ident.rank, ident.host, ident.pid, ident.local_rank))
-        if rule.metric is None:
-            # Progress markers: each process's latest (any rank's clears an absence start; a process's own
-            # says it survived a failure). Hits arrive in order: the last one is the latest.
-            acc[key] = (float(hit.start), hit, 0.0)
-            return
-        value = self.extractor.metric_value(hit, raw)
-        current = acc.get(key)
-        if current is None:
-            acc[key] = (value, hit, value)
-        else:
-            low = min(current[2], value)
-            acc[key] = (value, hit, low) if value > current[0] else (current[0], current[1], low)
+                metric.append(signal)
+            else:
+                progress.append(signal)
+        return _latest_first(progress) + metric
 
     def _identify(self, raw: str) -> Identity:
         """Identity of one line: a syslog header (host, time) when the file is rsyslog text, then prefixes.
@@ -507,24 +526,42 @@ def _identify_line(raw: str) -> Identity:
     )
 
 
-def _metric_extremes(
-    sampled: dict[tuple[int, str, tuple[object, ...]], tuple[float, Hit, float]], keep: int = METRIC_KEEP
-) -> list[tuple[float, Hit, float]]:
-    """Per rule, the processes with the largest peaks and a baseline of the smallest: what a spike on one
-    rank is compared with. A 512-rank chunk then costs 2 x METRIC_KEEP events per rule, not 512."""
-    by_rule: dict[tuple[int, str], list[tuple[float, Hit, float]]] = {}
-    out: list[tuple[float, Hit, float]] = []
-    for (rule_index, role, _proc), entry in sampled.items():
-        if role == "end":
-            out.append(entry)  # progress: every process's latest
+def _latest_first(signals: list[Signal]) -> list[Signal]:
+    """Progress markers in the engine's order, latest first: the job state keeps the latest few per rule,
+    and fed in this order it never evicts one it kept (the per-process progress table sees them all)."""
+    return sorted(signals, key=sort_key, reverse=True)
+
+
+def _merge_routine(signals: list[Signal]) -> list[Signal]:
+    """Routine signals of a file's chunks, one per rule, marker and process: the latest progress line,
+    the largest metric value with the smallest of all in `metric_min` (what the job state keeps)."""
+    progress: dict[tuple[object, ...], Signal] = {}
+    metric: dict[tuple[object, ...], tuple[Signal, float]] = {}
+    for signal in signals:
+        key = (signal.rule_id, signal.fields.get("marker"), signal.rank, signal.local_rank, signal.host, signal.pid)
+        if "metric" not in signal.fields:
+            current = progress.get(key)
+            if current is None or signal.order > current.order:
+                progress[key] = signal
             continue
-        by_rule.setdefault((rule_index, role), []).append(entry)
-    for entries in by_rule.values():
-        if len(entries) <= 2 * keep:
-            out.extend(entries)
+        value = signal.fields.get(str(signal.fields["metric"]))
+        low = signal.fields.get("metric_min", value)
+        if not isinstance(value, (int, float)) or not isinstance(low, (int, float)):
+            metric.setdefault(key + (signal.order,), (signal, float("nan")))
             continue
-        entries.sort(key=lambda e: e[0])
-        out.extend(entries[:keep] + entries[-keep:])
+        seen = metric.get(key)
+        if seen is None:
+            metric[key] = (signal, float(low))
+            continue
+        best, best_low = seen
+        best_value = best.fields.get(str(best.fields["metric"]))
+        winner = signal if isinstance(best_value, (int, float)) and value > best_value else best
+        metric[key] = (winner, min(best_low, float(low)))
+    out = _latest_first(list(progress.values()))
+    for signal, low in metric.values():
+        if not math.isnan(low) and signal.fields.get("metric_min") != low:
+            signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
+        out.append(signal)
     return out
 
 
@@ -552,7 +589,9 @@ def _fork_pool(diagnoser: Diagnoser, processes: int) -> multiprocessing.pool.Poo
     return multiprocessing.get_context("fork").Pool(processes)
 
 
-def _scan_region_task(task: tuple[str, int, int, str, dict[str, str | int], str, int]) -> tuple[list[Signal], int]:
+def _scan_region_task(
+    task: tuple[str, int, int, str, dict[str, str | int], str, int],
+) -> tuple[list[Signal], int, RoutineAggregate]:
     path, lo, hi, name, path_hints, job_id, file_index = task
     assert _FORKED is not None
     mapped = _FORKED_MAPS.get(path)

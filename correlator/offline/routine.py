@@ -1,0 +1,214 @@
+"""Routine lines in bulk: metric values and progress markers, aggregated per process from the scan's hits.
+
+Half the lines of a training log are step/loss/grad-norm lines and progress bars. The engine needs two
+things from them, per process: the largest and the smallest value of each metric, and the latest
+progress line (`JobState.progress`: did a process go on after a failure?). So no event is built per
+line: each routine hit costs a few C-level calls (find its line, read its identity key, for a metric its
+value) and a dict update; events and signals are built once per process and rule, for the winning lines.
+
+Which process wrote a line: when the line starts with a bracketed prefix that names a rank
+(`[rank37]:`, as torchrun's `--tee` and prefix templates write it), those bytes are the key, checked
+once per distinct prefix with the identity parser; the rank is the engine's process key. Any other line
+has its identity parsed (`parse_prefixes`, a few microseconds), which is what a log without launcher
+prefixes costs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+from correlator.diagnosis.matcher import Buffer, Hit, Matcher
+from ingest.prefixes import Identity
+
+METRIC_KEEP = 16
+_VALUE_WINDOW = 96  # bytes before a metric match's end searched for its value (name, separators, number)
+_KEY = 16  # a line's first bytes that key its process (a rank prefix `[rank12345]:` fits)
+
+ProcessKey = object  # bytes (a rank-naming prefix) or a tuple (rank, host, pid, local_rank)
+
+
+@dataclass
+class RoutineAggregate:
+    """Per (routine id, process): the latest progress line's start, or a metric's [max, start of max, min].
+    Regions of one file merge in file order (`merge`), in the parent or across forked scan processes."""
+
+    progress: dict[tuple[int, ProcessKey], int] = field(default_factory=dict)
+    metric: dict[tuple[int, ProcessKey], list[float]] = field(default_factory=dict)
+    lines: int = 0
+
+    def merge(self, later: RoutineAggregate) -> None:
+        self.progress.update(later.progress)  # the later region's line is the later one
+        for key, (high, at, low) in later.metric.items():
+            current = self.metric.get(key)
+            if current is None:
+                self.metric[key] = [high, at, low]
+                continue
+            if high > current[0]:
+                current[0], current[1] = high, at
+            current[2] = min(current[2], low)
+        self.lines += later.lines
+
+
+class RoutineAggregator:
+    """Folds a region's routine hits into a RoutineAggregate. `identify` gives a line's identity (the
+    diagnoser's memoized parser); one aggregator serves every region and file of a diagnoser."""
+
+    def __init__(self, matcher: Matcher, identify: Callable[[str], Identity]) -> None:
+        self.matcher = matcher
+        self.identify = identify
+        self._prefixes: dict[bytes, bytes | None] = {}  # a line's first bytes -> the rank prefix they start with
+        self._named: dict[str, bool] = {}  # a prefix -> whether it is whole prefixes naming a rank
+
+    def _rank_prefix(self, key: bytes) -> bytes | None:
+        """The prefix naming a rank that `key` (a newline and the next _KEY bytes of the file) starts its
+        line with, or None. Decided once per distinct key, with the identity parser."""
+        known = self._prefixes.get(key, b"")
+        if known != b"":
+            return known
+        if len(self._prefixes) > 1 << 18:
+            self._prefixes.clear()
+        text = key[1:].decode("utf-8", "replace")
+        close = text.find("]")
+        prefix = None
+        if text.startswith("[") and close > 0 and not key.startswith(b"\n\n"):
+            head = text[: close + 2] if text[close + 1 : close + 2] == ":" else text[: close + 1]
+            named = self._named.get(head)
+            if named is None:
+                ident = self.identify(head + " x")
+                named = self._named[head] = ident.rank is not None and ident.text.strip() == "x"
+            prefix = head.encode("utf-8", "replace") if named else None
+        self._prefixes[key] = prefix
+        return prefix
+
+    def _slow_key(self, buf: Buffer, start: int, hi: int) -> ProcessKey:
+        end = buf.find(b"\n", start, hi)
+        ident = self.identify(bytes(buf[start : hi if end < 0 else end]).decode("utf-8", "replace").rstrip("\r"))
+        return (ident.rank, ident.host, ident.pid, ident.local_rank)
+
+    def add(self, buf: Buffer, lo: int, hi: int, routine: list[tuple[int, int]], acc: RoutineAggregate) -> None:
+        """Fold `routine` (the routine database's (end, id) hits over `buf[lo:hi]`, in order) into `acc`."""
+        first_progress = self.matcher.routine_base + self.matcher.routine_metrics
+        progress = [hit for hit in routine if hit[1] >= first_progress]
+        if len(progress) < len(routine):
+            self._add_metric(buf, lo, hi, [hit for hit in routine if hit[1] < first_progress], acc)
+        if progress:
+            self._add_progress(buf, lo, hi, progress, acc)
+        acc.lines += len(routine)
+
+    def _keys(self, buf: Buffer, lo: int, hi: int, ends: list[int]) -> tuple[list[int], list[ProcessKey]]:
+        """Line starts and process keys of the lines ending at or containing `ends`, with C-level maps: the
+        newline before each line and the _KEY bytes after it are the key. Keys whose bytes start with no rank-naming prefix are replaced by the line's
+        parsed identity, one by one."""
+        newlines = list(map(partial(buf.rfind, b"\n", max(lo - 1, 0)), ends))
+        keys: list[ProcessKey] = list(map(buf.__getitem__, map(slice, newlines, [n + 1 + _KEY for n in newlines])))
+        starts = [n + 1 for n in newlines]
+        first = 0
+        while first < len(newlines) and newlines[first] < 0:  # the buffer's first line: no newline before it
+            keys[first] = b"\n" + bytes(buf[0:_KEY])
+            first += 1
+        prefix = self._rank_prefix
+        bad = {key for key in set(keys) if prefix(key) is None}  # type: ignore[arg-type]
+        if bad:
+            keys = [key if key not in bad else self._slow_key(buf, start, hi) for key, start in zip(keys, starts)]
+        return starts, keys
+
+    def _add_progress(self, buf: Buffer, lo: int, hi: int, hits: list[tuple[int, int]], acc: RoutineAggregate) -> None:
+        """Progress hits end at their line's end: one dict of (id, key) -> latest line start, in bulk."""
+        base = self.matcher.routine_base
+        starts, keys = self._keys(buf, lo, hi, [hit[0] for hit in hits])
+        acc.progress.update(zip(zip([hit[1] - base for hit in hits], keys), starts))
+
+    def _add_metric(self, buf: Buffer, lo: int, hi: int, hits: list[tuple[int, int]], acc: RoutineAggregate) -> None:
+        """Metric hits, in bulk per pattern: line starts, keys and values with C-level maps, then one
+        pass that keeps each (pattern, process)'s largest and smallest value."""
+        base = self.matcher.routine_base
+        by_id: dict[int, list[int]] = {}
+        for to, rid in hits:
+            by_id.setdefault(rid, []).append(to)
+        metric = acc.metric
+        for rid, ends in by_id.items():
+            r = rid - base
+            regex, name = self.matcher.routine_value[r]
+            # A metric match may end on its line's newline: look for the line's start before that.
+            starts, keys = self._keys(buf, lo, hi, [to - 1 for to in ends])
+            if regex is not None:
+                # The match ends at `to`, the value just before it: search the last _VALUE_WINDOW bytes only.
+                found = list(map(partial(regex.search, buf),
+                                 [max(s, to - _VALUE_WINDOW) for s, to in zip(starts, ends)], ends))
+                values = [float(m.group(name)) if m is not None else self._value(buf, start, hi, r)
+                          for m, start in zip(found, starts)]
+            else:
+                values = [self._value(buf, start, hi, r) for start in starts]
+            for key, value, start in zip(keys, values, starts):
+                current = metric.get((r, key))
+                if current is None:
+                    metric[(r, key)] = [value, start, value]
+                elif value > current[0]:
+                    current[0], current[1] = value, start
+                elif value < current[2]:
+                    current[2] = value
+
+    def _process(self, key: ProcessKey) -> ProcessKey:
+        """A key as the process it names: a rank's prefix for the bytes keys, the identity tuple otherwise."""
+        return self._rank_prefix(key) or key if isinstance(key, bytes) else key
+
+    def _value(self, buf: Buffer, start: int, hi: int, r: int) -> float:
+        """A metric value the bytes regex could not read: the rule's extractors on the decoded line."""
+        matcher = self.matcher
+        expr = matcher.exprs[matcher.routine_expand[r][0]]
+        rule = matcher.rules[expr.rule_index]
+        assert rule.metric is not None
+        end = buf.find(b"\n", start, hi)
+        text = bytes(buf[start : hi if end < 0 else end]).decode("utf-8", "replace")
+        try:
+            value = float(matcher.extract(expr.rule_index, text).get(rule.metric.field, "nan"))
+        except ValueError:
+            value = float("nan")
+        return float("inf") if math.isnan(value) else value  # nan is abnormal by itself: keep it
+
+    def winners(self, buf: Buffer, hi: int, acc: RoutineAggregate) -> list[tuple[Hit, float | None]]:
+        """The lines the engine gets: every process's latest progress line per rule, and per metric rule
+        the processes with the largest and the smallest peaks (METRIC_KEEP of each), as (hit, metric min);
+        progress latest first (see `Diagnoser._routine_signals`)."""
+        matcher = self.matcher
+        latest: dict[tuple[int, ProcessKey], int] = {}
+        for (r, raw_key), start in acc.progress.items():
+            pkey = self._process(raw_key)
+            for expr_id in matcher.routine_expand[r]:
+                key = (matcher.exprs[expr_id].rule_index, pkey)
+                if latest.get(key, -1) < start:
+                    latest[key] = start
+        peaks: dict[tuple[int, ProcessKey], list[float]] = {}
+        for (r, raw_key), (high, at, low) in acc.metric.items():
+            key = (matcher.exprs[matcher.routine_expand[r][0]].rule_index, self._process(raw_key))
+            current = peaks.get(key)
+            if current is None:
+                peaks[key] = [high, at, low]
+            else:
+                if high > current[0] or high == current[0] and at < current[1]:
+                    current[0], current[1] = high, at
+                current[2] = min(current[2], low)
+
+        def line_end(start: int) -> int:
+            end = buf.find(b"\n", start, hi)
+            return hi if end < 0 else end
+
+        out: list[tuple[Hit, float | None]] = [
+            (Hit(start, line_end(start), rule_index, "end"), None)
+            for (rule_index, _pkey), start in sorted(latest.items(), key=lambda kv: -kv[1])
+        ]
+        by_rule: dict[int, list[list[float]]] = {}
+        for (rule_index, _pkey), entry in peaks.items():
+            by_rule.setdefault(rule_index, []).append(entry)
+        for rule_index, entries in by_rule.items():
+            entries.sort(key=lambda e: (e[0], e[1]))
+            if len(entries) > 2 * METRIC_KEEP:
+                entries = entries[:METRIC_KEEP] + entries[-METRIC_KEEP:]
+            for high, at, low in sorted(entries, key=lambda e: e[1]):
+                del high
+                start = int(at)
+                out.append((Hit(start, line_end(start), rule_index, "main"), low))
+        return out
