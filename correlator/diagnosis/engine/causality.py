@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from correlator.diagnosis.engine.state import Aggregate
 from correlator.diagnosis.models import Signal
-from correlator.diagnosis.rules import GENERIC_CLASSES, TIER_BOUNDARIES, Rule
+from correlator.diagnosis.rules import TIER_BOUNDARIES, Rule
 
 TEARDOWN_MARGIN_S = 900.0  # after a collective times out: the abort, the launcher's teardown, the exits
 _SEVERITY = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}

@@ -26,7 +26,7 @@ from correlator.diagnosis.engine.identity import (
     is_failure_report,
     named_by_reports,
 )
-from correlator.diagnosis.engine.incident import Choice, IncidentBuilder
+from correlator.diagnosis.engine.incident import Choice, IncidentBuilder, incident_id
 from correlator.diagnosis.engine.progress import Suspect, hang_suspect, inferred_missing, mismatch_suspect
 from correlator.diagnosis.engine.special import resolve_special, same_process
 from correlator.diagnosis.engine.state import GroupProgress, JobState, process_key, sort_key, time_of
@@ -88,6 +88,7 @@ class Engine:
             attempt_signals, attempt_aggregates = by_attempt[attempt]
             for window, window_aggregates in self._windows(attempt_signals, attempt_aggregates, timeline):
                 incidents.extend(self._window_incidents(state, attempt, window, window_aggregates, timeline, now_t))
+        incidents = _distinct_ids(state.job_id, incidents)
         incidents.sort(key=_primary_order)
         return incidents
 
@@ -258,6 +259,20 @@ class Engine:
             when = f" {progress.t - raw:.0f} s" if progress.t is not None and raw is not None else ""
             return f"{who} logged progress{when} after it"
         return ""
+
+
+def _distinct_ids(job_id: str, incidents: list[Incident]) -> list[Incident]:
+    """The same failure of the same process twice in one attempt (windows hours apart) gets the next id."""
+    seen: dict[str, int] = {}
+    out: list[Incident] = []
+    for incident in sorted(incidents, key=lambda i: (i.window_start or "", i.incident_id)):
+        repeat = seen.get(incident.incident_id, 0)
+        seen[incident.incident_id] = repeat + 1
+        if repeat:
+            incident = incident.model_copy(update={"incident_id": incident_id(
+                job_id, incident.attempt, incident.class_, incident.initiator, repeat)})
+        out.append(incident)
+    return out
 
 
 def _failure_reports(nodes: list[Node], tags: dict[str, frozenset[str]]) -> list[Signal]:

@@ -13,7 +13,6 @@ from correlator.diagnosis.models import CollateralEntry, Evidence, Incident, Ini
 from correlator.diagnosis.rules import RuleSet
 
 MAX_EVIDENCE = 12
-ID_TIME_BUCKET_S = 3600
 
 
 @dataclass
@@ -103,7 +102,7 @@ class IncidentBuilder:
         title = self._title(cls, signal, initiator)
         times = [t for n in nodes for t in (n.t, n.t_last) if t is not None]
         return Incident(
-            incident_id=incident_id(state.job_id, attempt, cls, initiator, time_of(signal)),
+            incident_id=incident_id(state.job_id, attempt, cls, initiator),
             job_id=state.job_id,
             class_=cls,
             title=title,
@@ -199,13 +198,14 @@ def _who(s: Signal) -> str:
     return " ".join(parts) or "a process"
 
 
-def incident_id(job_id: str, attempt: int, cls: str, initiator: Initiator, raw_t: float | None) -> str:
-    """From the job, the attempt and the initiating failure (class, who, and the hour of its own timestamp),
-    not from a window's position: a replay, a restart or `diagnose` give the same id, and a late line
-    revises the incident it belongs to instead of renumbering the others."""
+def incident_id(job_id: str, attempt: int, cls: str, initiator: Initiator, repeat: int = 0) -> str:
+    """From the job, the attempt and the initiating failure (class and who), not from a window's position or a
+    time (the same line can carry its own time offline and only a forwarder's receive time when streamed):
+    a replay, a restart or `diagnose` give the same id, and a late line revises the incident it belongs to
+    instead of renumbering the others. `repeat` counts earlier incidents of the same attempt, class and who
+    (the same failure again, hours later)."""
     who = (
         f"r{initiator.rank}" if initiator.rank is not None
         else f"{initiator.host or ''}|{initiator.pid if initiator.pid is not None else ''}|{initiator.local_rank or ''}"
     )
-    bucket = "untimed" if raw_t is None else str(int(raw_t // ID_TIME_BUCKET_S))
-    return hashlib.sha256(f"rootrank|{job_id}|{attempt}|{cls}|{who}|{bucket}".encode()).hexdigest()[:20]
+    return hashlib.sha256(f"rootrank|{job_id}|{attempt}|{cls}|{who}|{repeat}".encode()).hexdigest()[:20]
