@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from correlator.diagnosis.engine.state import Aggregate
+from correlator.diagnosis.engine.state import Aggregate, time_of
 from correlator.diagnosis.models import Signal
 from correlator.diagnosis.rules import TIER_BOUNDARIES, Rule
 
@@ -114,10 +114,10 @@ class Causality:
     def after_the_cascade(self, candidate: Node, nodes: list[Node]) -> bool:
         """A candidate that comes after consequences it does not explain did not start them: a hardware
         error an hour after the job died, an exception raised while the job was already tearing down."""
-        if candidate.t is None:
-            return False
+        if candidate.t is None or time_of(candidate.signal) is None:
+            return False  # an untimed line only has its file's time: too coarse to put it after anything
         for node in nodes:
-            if node is candidate or node.t is None or self.role(node) != "collateral":
+            if node is candidate or node.t is None or self.role(node) != "collateral" or time_of(node.signal) is None:
                 continue
             if node.attempt == candidate.attempt and node.t + self.tolerance_s < candidate.t \
                     and not self.explains(candidate, node):

@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from correlator.diagnosis.engine.causality import GENERIC_CLASSES, Causality, Node, tier
+from correlator.diagnosis.engine.causality import Causality, Node, tier
 from correlator.diagnosis.engine.identity import (
     corroborated,
     fill_identity,
@@ -32,7 +32,7 @@ from correlator.diagnosis.engine.special import resolve_special, same_process
 from correlator.diagnosis.engine.state import GroupProgress, JobState, process_key, sort_key, time_of
 from correlator.diagnosis.engine.timeline import Clock, Timeline, build_timeline, estimate_clock
 from correlator.diagnosis.models import Incident, Signal
-from correlator.diagnosis.rules import Rule, RuleSet
+from correlator.diagnosis.rules import GENERIC_CLASSES, Rule, RuleSet
 
 _SEVERITY_RANK = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 SAME_PROCESS_RECOVERY_S = 1.0  # a progress line this long after a failure, from the same process
@@ -148,7 +148,8 @@ class Engine:
         timeline: Timeline,
         now_t: float | None,
     ) -> list[Incident]:
-        matches = [s for s in resolve_special(self.rules, window, timeline, now_t) if s.class_]
+        earlier = [s for s in state.signals if s.fields.get("marker") == "after"]
+        matches = [s for s in resolve_special(self.rules, window, timeline, now_t, earlier) if s.class_]
         nodes = [Node(s, timeline.t(s), attempt) for s in matches] + list(aggregates)
         if not nodes or max(_SEVERITY_RANK.get(n.signal.severity, 2) for n in nodes) == 0:
             return []

@@ -21,16 +21,21 @@ def same_process(a: Signal, b: Signal) -> bool:
 
 
 def resolve_special(
-    rules: Mapping[str, Rule], window: Sequence[Signal], timeline: Timeline, now_t: float | None
+    rules: Mapping[str, Rule], window: Sequence[Signal], timeline: Timeline, now_t: float | None,
+    earlier: Sequence[Signal] = (),
 ) -> list[Signal]:
-    """The window's signals with sequence, absence and metric rules resolved (they depend on other signals)."""
+    """The window's signals with sequence, absence and metric rules resolved (they depend on other signals).
+    `earlier`: preconditions of sequences from the whole job (a save torn in one attempt fails the load of
+    the next)."""
     matches: list[Signal] = []
     markers: dict[tuple[str, str], list[Signal]] = defaultdict(list)
+    for s in earlier:
+        markers[(s.rule_id, "after")].append(s)
     metric_obs: dict[str, list[Signal]] = defaultdict(list)
     for s in window:
         if s.kind == "fact":
             marker = s.fields.get("marker")
-            if isinstance(marker, str):
+            if isinstance(marker, str) and not (marker == "after" and earlier):
                 markers[(s.rule_id, marker)].append(s)
             continue
         rule = rules.get(s.rule_id)
