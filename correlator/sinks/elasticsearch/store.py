@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ECS_VERSION = "8.11.0"
-TEMPLATE_VERSION = 1  # bump when a mapping changes; `rootrank setup` then re-installs the templates
+TEMPLATE_VERSION = 2  # bump when a mapping changes; `rootrank setup` then re-installs the templates
 
 # ECS says event.severity is "the numeric severity according to the source"; these are the numbers
 # Elastic Security uses for low/medium/high/critical, so rootrank incidents sort next to SIEM alerts.
@@ -216,6 +216,12 @@ def _incident_properties() -> dict[str, Any]:
             "rules": _kw(),
             "world_size": {"type": "integer"},
             "labels": {"type": "object", "enabled": False},
+            # The engine's attempt, survival, clock and state-bound fields (the mapping is strict: a
+            # field missing here dead-letters every incident).
+            "attempt": {"type": "integer"},
+            "recovered": {"type": "boolean"},
+            "clock": _kw(),
+            "dropped": {"type": "object", "enabled": False},
         }
     }
     return {**_ecs_common(), "error": {"properties": {"message": {"type": "text"}, "type": _kw()}}, "rootrank": rootrank}
