@@ -98,8 +98,12 @@ def add(job: str, api: str | None, token_file: str | None, config: str | None, *
 
 @webhooks.command("list", short_help="List the job's webhooks.")
 @worker_api_options
-def list_(job: str, api: str | None, token_file: str | None, config: str | None) -> int:
-    """List the job's webhooks."""
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+              help="text: one webhook a line; json: one webhook JSON per line.")
+def list_(job: str, api: str | None, token_file: str | None, config: str | None, output_format: str) -> int:
+    """List the job's webhooks (targets shown in full only with the API token)."""
+    import json
+
     from correlator.sinks.webhooks.client import ClientError
 
     client = _worker_client(api, token_file, config)
@@ -107,6 +111,10 @@ def list_(job: str, api: str | None, token_file: str | None, config: str | None)
         registrations = client.list(job)
     except (ClientError, OSError) as exc:
         return _report(exc)
+    if output_format == "json":
+        for view in registrations:
+            print(json.dumps(view, sort_keys=True))
+        return 0
     for view in registrations:
         filters = " ".join(
             part for part in (

@@ -65,7 +65,7 @@ def headline(incident: Incident) -> str:
 def other_ranks(incident: Incident) -> int:
     """Ranks with collateral failures, the initiator's own rank not counted."""
     ranks = {r for c in incident.collateral for r in c.ranks}
-    ranks.discard(incident.initiator.rank)  # type: ignore[arg-type]
+    ranks.discard(incident.initiator.rank)
     return len(ranks)
 
 
@@ -107,7 +107,8 @@ def print_incidents(incidents: Sequence[Incident], console: Console | None = Non
             lines = []
             for e in incident.evidence if detail else incident.evidence[:5]:
                 who = f"rank {e.rank}" if e.rank is not None else (e.host or "-")
-                lines.append(f"[{who}] {shorten(e.line, EVIDENCE_CHARS)}")
+                rule = f"{e.rule}: " if detail and e.rule else ""
+                lines.append(f"[{who}] {rule}{shorten(e.line, EVIDENCE_CHARS)}")
             body.add_row("Evidence", Text("\n".join(lines)))
         if incident.fix:
             body.add_row("Fix", Text("\n".join(f"- {f}" for f in incident.fix)))
