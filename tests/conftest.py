@@ -5,3 +5,9 @@ pytest_plugins = [
     "tests.fixtures.elasticsearch",
     "tests.fixtures.http_receiver",
 ]
+
+# A developer's running `rootrank up` (its context file) must not leak into the tests' commands.
+import os as _os
+import tempfile as _tempfile
+
+_os.environ.setdefault("ROOTRANK_CONTEXT", _os.path.join(_tempfile.gettempdir(), "rootrank-tests-no-context.json"))

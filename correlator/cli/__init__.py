@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from correlator.cli.config import config_group
 from correlator.cli.diagnose import diagnose
 from correlator.cli.rules import rules
 from correlator.cli.search import hosts, incidents, show
@@ -19,7 +20,7 @@ from correlator.cli.stream import setup, up, worker
 from correlator.cli.webhooks import webhooks
 
 # The order `rootrank --help` lists them in.
-COMMANDS = (diagnose, simulate, incidents, hosts, show, setup, rules, worker, ship, up, webhooks)
+COMMANDS = (diagnose, simulate, incidents, hosts, show, setup, rules, worker, ship, up, webhooks, config_group)
 
 
 class OrderedGroup(click.Group):
@@ -29,10 +30,34 @@ class OrderedGroup(click.Group):
         return list(self.commands)
 
 
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        package = version("rootrank")
+    except PackageNotFoundError:
+        package = "unknown"
+    try:
+        from correlator.diagnosis.rules import load_ruleset
+
+        ruleset = load_ruleset()
+        rules_text = f"rule set {ruleset.version} ({len(ruleset.rules)} rules)"
+    except Exception as exc:  # noqa: BLE001 - the version must print even with a broken library
+        rules_text = f"rule set not loadable: {exc}"
+    click.echo(f"rootrank {package}, {rules_text}")
+    ctx.exit(0)
+
+
 @click.group(
     "rootrank", cls=OrderedGroup, commands=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 110},
+    epilog="Exit codes: 0 the command ran; 1 it ran and found what it reports as a failure (diagnose "
+    "--fail-on, a service that did not answer); 2 a usage error or input it could not read; 130 interrupted.",
 )
+@click.option("--version", "-V", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the version and the rule set's version, and exit.")
 def rootrank() -> None:
     """Find which rank broke a distributed training job, and why."""
 

@@ -9,6 +9,14 @@ import click
 
 from correlator.cli.rules import load_ruleset_or_report
 
+SEVERITIES = ("info", "low", "medium", "high", "critical")
+
+EXIT_CODES = """\b
+Exit codes (the same for every --format):
+  0  it ran (an incident found or not; without --fail-on)
+  1  --fail-on SEVERITY: an incident (not a recovered failure) at or above it was found
+  2  a usage error, a broken rule set, or input it could not read at all"""
+
 
 def _scan_processes(ctx: click.Context, param: click.Parameter, value: str) -> int:
     try:
@@ -20,15 +28,17 @@ def _scan_processes(ctx: click.Context, param: click.Parameter, value: str) -> i
     return count
 
 
-@click.command("diagnose",
+@click.command("diagnose", epilog=EXIT_CODES,
                short_help="Name the rank that broke a job, from its log files (offline, no services).")
 @click.argument("paths", metavar="PATH...", nargs=-1, required=True)
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "html"]), default="text",
-              help="What to print: a text report, the incidents' JSON, "
-              "or an HTML picture of the first incident.")
+              help="text: the report; json: {\"incidents\": [...], \"recovered\": [...]}; "
+              "html: the picture of the first incident (one self-contained file).")
+@click.option("--output", "-o", metavar="FILE", help="Write the output to FILE; when not given: stdout.")
+@click.option("--fail-on", type=click.Choice(SEVERITIES), metavar="SEVERITY",
+              help="Exit 1 when an incident of this severity or above was found (info, low, medium, high, "
+              "critical), for CI and scripts; failures the job survived never count.")
 @click.option("--job", help="Job id for the incident; when not given: derived from the file names.")
-@click.option("--output", "-o", metavar="FILE",
-              help="With --format html: the file to write; when not given: rootrank-incident.html.")
 @click.option("--rules", "rules_dir", metavar="DIR",
               help="Rules folder; when not given: the installed library.")
 @click.option("--progress", type=click.Choice(["auto", "always", "never"]), default="auto",
@@ -36,23 +46,21 @@ def _scan_processes(ctx: click.Context, param: click.Parameter, value: str) -> i
 @click.option("--jobs", "-j", "scan_processes", default="0", metavar="N", callback=_scan_processes,
               help="Processes scanning a large plain file's 16 MiB chunks at once "
               "(0: one per available CPU, at most 8).")
-def diagnose(paths: tuple[str, ...], output_format: str, job: str | None, output: str | None,
-             rules_dir: str | None, progress: str, scan_processes: int) -> int:
+def diagnose(paths: tuple[str, ...], output_format: str, output: str | None, fail_on: str | None,
+             job: str | None, rules_dir: str | None, progress: str, scan_processes: int) -> int:
     """Name the rank that broke a job, from its log files (offline, no services).
 
     All given paths form one job: files, folders (recursive), .gz, or - for stdin.
     """
-    import orjson
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     from correlator.offline.diagnose import Diagnoser, DiagnoseStats, InputError, default_jobs, iter_sources
-    from correlator.render.text import print_incidents
 
     err = Console(stderr=True)
     ruleset = load_ruleset_or_report(rules_dir)
     if ruleset is None:
-        return 1
+        return 2
     diagnoser = Diagnoser(ruleset, jobs=scan_processes or default_jobs())
     stats = DiagnoseStats()
     sources = list(paths)
@@ -81,22 +89,58 @@ def diagnose(paths: tuple[str, ...], output_format: str, job: str | None, output
         print(f"skipped: {skipped}", file=sys.stderr)
     if stats.decode_errors:
         print(f"skipped {stats.decode_errors} undecodable JSON line(s)", file=sys.stderr)
+    if not stats.files and stats.skipped:
+        print("rootrank diagnose: no input could be read", file=sys.stderr)
+        return 2
+    empty = stats.bytes == 0
+    if empty:
+        print(f"rootrank diagnose: the input has no lines ({stats.files} file(s), 0 bytes): nothing to diagnose",
+              file=sys.stderr)
+    failed = [i for i in incidents if not i.recovered]
+    try:
+        _write(output_format, output, incidents, signals, empty)
+    except OSError as exc:
+        print(f"rootrank diagnose: -o {output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if fail_on is not None:
+        floor = SEVERITIES.index(fail_on)
+        if any(SEVERITIES.index(i.severity) >= floor for i in failed):
+            return 1
+    return 0
+
+
+def _write(output_format: str, output: str | None, incidents: list, signals: list, empty: bool) -> None:  # type: ignore[type-arg]
+    """The report in its format, to FILE or stdout."""
+    import io
+
+    import orjson
+    from rich.console import Console
+
+    from correlator.render.text import print_incidents
+
     if output_format == "json":
         # failures the job survived are warnings, never "the" incident: they have their own list
         payload = {"incidents": [i.to_json_dict() for i in incidents if not i.recovered],
                    "recovered": [i.to_json_dict() for i in incidents if i.recovered]}
-        sys.stdout.buffer.write(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
+        data = orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n"
     elif output_format == "html":
+        if not incidents:
+            print("rootrank diagnose: no incident: nothing to draw", file=sys.stderr)
+            return
         from correlator.render.html import render_incident_html
 
-        out = Path(output or "rootrank-incident.html")
-        if not incidents:
-            print("No incident: nothing to draw.", file=sys.stderr)
-            return 0
-        out.write_text(render_incident_html(incidents[0], signals), encoding="utf-8")
-        print(f"wrote {out}", file=sys.stderr)
+        data = render_incident_html(incidents[0], signals).encode("utf-8")
     else:
-        print_incidents(incidents, Console(emoji=False))
-    if output_format != "json" and not stats.files and stats.skipped:
-        return 2
-    return 0
+        if output is None:
+            if not empty or incidents:
+                print_incidents(incidents, Console(emoji=False))
+            return
+        buffer = io.StringIO()
+        print_incidents(incidents, Console(file=buffer, emoji=False, width=100, color_system=None))
+        data = buffer.getvalue().encode("utf-8")
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        Path(output).write_bytes(data)
+        print(f"wrote {output}", file=sys.stderr)

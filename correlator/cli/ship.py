@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 from pathlib import Path
 
 import click
@@ -25,6 +26,40 @@ def _positive_seconds(ctx: click.Context, param: click.Parameter, value: float) 
     return value
 
 
+class ShipCommand(SettingsHelpCommand):
+    """`ship [OPTIONS] [FILE|GLOB]... [-- COMMAND ARGS...]`: what follows the first `--` is the command to
+    wrap, untouched; everything before it is options and files (so `--file a.log b.log` ships both)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            at = args.index("--")
+            ctx.meta["ship_command"] = args[at + 1:]
+            args = args[:at]
+        else:
+            ctx.meta["ship_command"] = []
+        return super().parse_args(ctx, args)
+
+
+def expand_inputs(patterns: list[str]) -> list[str]:
+    """Files and globs (`*`, `?`, `[...]`, `**`) in the order given, each file once; a glob that matches
+    nothing is an error (a typo must not ship nothing and exit 0)."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = sorted(p for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+            if not matches:
+                raise click.BadParameter(f"no file matches {pattern!r}", param_hint="FILE")
+        else:
+            matches = [pattern]
+        for match in matches:
+            key = str(Path(match).resolve())
+            if key not in seen:
+                seen.add(key)
+                out.append(match)
+    return out
+
+
 PROGRESS_HELP = (
     "With --file: progress through the files' backlog (their bytes from where shipping starts, resuming "
     "after a restart, to their sizes at start) on stderr: bytes acknowledged by Kafka, rate, ETA, lines sent "
@@ -35,8 +70,8 @@ PROGRESS_HELP = (
 
 
 @click.command(
-    "ship", cls=SettingsHelpCommand, context_settings={"allow_interspersed_args": False},
-    short_help="Send log lines to Kafka: follow files, read stdin, or wrap a command.",
+    "ship", cls=ShipCommand,
+    short_help="Send log lines to Kafka: files (globs too), stdin, or a wrapped command.",
 )
 @config_option
 @bootstrap_option
@@ -46,7 +81,8 @@ PROGRESS_HELP = (
 @click.option("--local-rank", type=int, help="Rank within its host, when one process writes the stream.")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", callback=_labels,
               help="Label added to every batch (repeatable).")
-@click.option("--file", "-f", "files", multiple=True, metavar="PATH", help="A log file to ship (repeatable).")
+@click.option("--file", "-f", "files", multiple=True, metavar="PATH",
+              help="A log file or glob to ship (repeatable; more files and globs may follow as arguments).")
 @click.option("--follow", is_flag=True, help="Keep following the files (rotation-aware) until interrupted.")
 @click.option("--tee", is_flag=True, help="With stdin: also copy the input to stdout.")
 @click.option("--topic", help="Topic to send to; when not given: topics.logs.")
@@ -77,24 +113,37 @@ PROGRESS_HELP = (
               help=PROGRESS_HELP)
 @click.option("--progress-interval", type=float, default=5.0, metavar="SECONDS", callback=_positive_seconds,
               help="Seconds between the plain status lines of --progress always (stderr not a terminal).")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def ship(config: str | None, bootstrap: str | None, job: str | None, host: str | None, rank: int | None,
+@click.argument("paths", metavar="[FILE|GLOB]... [-- COMMAND [ARGS]...]", nargs=-1)
+@click.pass_context
+def ship(click_ctx: click.Context, config: str | None, bootstrap: str | None, job: str | None, host: str | None, rank: int | None,
          local_rank: int | None, labels: dict[str, str], files: tuple[str, ...], follow: bool, tee: bool,
          topic: str | None, batch_kib: int, linger_ms: int, compression: str, state_dir: str,
          send_timeout: float,
          no_idempotence: bool, spool_max_mib: int, drain_timeout: float, evidence_only: bool, context: int,
          heartbeat_s: float, metrics_port: int | None, metrics_bind: str, progress: str,
-         progress_interval: float, command: tuple[str, ...]) -> int:
-    """Send log lines to Kafka: follow files, read stdin, or wrap a command.
+         progress_interval: float, paths: tuple[str, ...]) -> int:
+    """Send log lines to Kafka: files (globs too), stdin, or a wrapped command.
 
     \b
     rootrank ship --job J --file rank0.log --follow
+    rootrank ship --job J --file 'logs/*/*.log' /var/log/kern.log
     some_command | rootrank ship --job J
     rootrank ship --job J --rank 3 -- torchrun --nproc-per-node 8 train.py
 
-    A wrapped command (-- COMMAND ARGS...) has its stdout/stderr pass through unchanged and is never
-    slowed: lines are batched in the background, and spooled to disk while Kafka is slow or down.
+    Files are the --file values and the arguments before `--`; everything after `--` is the command
+    to wrap. No file and no command: stdin. A wrapped command has its stdout/stderr pass through
+    unchanged and is never slowed: lines are batched in the background, and spooled to disk while
+    Kafka is slow or down. Kafka: --bootstrap, $ROOTRANK_KAFKA__BOOTSTRAP_SERVERS, the config file,
+    a running `rootrank up`, else 127.0.0.1:9092 (the compose stack's host port is localhost:29092).
+
+    \b
+    Exit codes: the wrapped command's; else 0 shipped (or stopped while waiting for Kafka);
+    1 lines of stdin or a command were dropped (spool full); 2 a usage error (a glob matching nothing).
     """
+    command: list[str] = click_ctx.meta.get("ship_command", [])
+    inputs = expand_inputs([*files, *paths])
+    if command and inputs:
+        raise click.UsageError("give files or a command after --, not both")
     import logging
 
     from correlator.stream.setup_topics import kafka_python_config
@@ -103,7 +152,7 @@ def ship(config: str | None, bootstrap: str | None, job: str | None, host: str |
     logging.basicConfig(level=logging.WARNING, format="rootrank ship: %(message)s")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # its reconnect chatter; we report outages once
 
-    settings = load_cli_settings(config, bootstrap=bootstrap)
+    settings = load_cli_settings(config, bootstrap=bootstrap, use_context=True)
     options = ShipOptions(
         kafka=kafka_python_config(settings.kafka),
         topic=topic or settings.topics.logs,
@@ -137,4 +186,4 @@ def ship(config: str | None, bootstrap: str | None, job: str | None, host: str |
         from correlator.stream.metrics import ship_metrics_hook
 
         options.on_start = ship_metrics_hook(metrics_port, metrics_bind)
-    return run_ship(options, files=list(files), command=list(command))
+    return run_ship(options, files=inputs, command=command)

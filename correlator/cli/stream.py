@@ -58,25 +58,56 @@ def worker(config: str | None, bootstrap: str | None, role: str, web_port: int |
     return run_worker(settings, role, loglevel=loglevel, web_port=web_port)
 
 
+def _port(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if not 0 < value < 65536:
+        raise click.BadParameter(f"{value} is not a TCP port (1-65535)")
+    return value
+
+
 @click.command("up", cls=SettingsHelpCommand,
-               short_help="Run the local stack in the foreground: an embedded Kafka broker and the worker.")
+               short_help="Run a local stack in the foreground that the other commands find.")
 @config_option
 @click.option("--broker", type=click.Choice(["noida", "tansu"]), default="noida",
               help="Embedded broker: noida-db (keeps data in --data-dir) or Tansu (in memory).")
-@click.option("--kafka-port", type=int, default=9092, help="Port the embedded broker listens on.")
+@click.option("--kafka-port", type=int, default=9092, callback=_port, help="Port of the embedded Kafka broker.")
+@click.option("--es-port", type=int, default=9200, callback=_port,
+              help="Port of the embedded search store (noida-db's Elasticsearch API).")
+@click.option("--web-port", type=int, default=6066, metavar="PORT", callback=_port,
+              help="Port of the worker's HTTP server: the webhooks API, /metrics, /healthz, /readyz.")
 @click.option("--data-dir", default=".rootrank-data", metavar="DIR",
-              help="Where the embedded services keep data.")
-@click.option("--role", default="all", help="Worker roles to run.")
-@click.option("--web-port", type=int, default=6066, metavar="PORT",
-              help="Worker metrics/health port (0: off).")
+              help="Where the embedded services keep data (and the stack's API token).")
+@click.option("--role", default="all", help="Worker roles to run: all, or a comma-separated list.")
+@click.option("--print-env", is_flag=True,
+              help="Print the running stack's settings as shell exports and exit (eval \"$(rootrank up "
+              "--print-env)\").")
 @loglevel_option
-def up(config: str | None, broker: str, kafka_port: int, data_dir: str, role: str, web_port: int,
-       loglevel: str) -> int:
-    """Run the local stack in the foreground: an embedded Kafka broker and the worker."""
+def up(config: str | None, broker: str, kafka_port: int, es_port: int, web_port: int, data_dir: str, role: str,
+       print_env: bool, loglevel: str) -> int:
+    """Run a local stack in the foreground that the other commands find.
+
+    An embedded Kafka broker, a search store and the worker (every role), on 127.0.0.1 and stable
+    ports. Writes with the webhooks API need a token: `up` makes one (kept in DATA_DIR/api-token).
+    Once ready, it writes a context file ($ROOTRANK_CONTEXT, else ~/.config/rootrank/context.json:
+    Kafka, Elasticsearch and API URLs, the token) that incidents, show, hosts, webhooks, ship and
+    setup read when no flag, environment variable or config file says otherwise. Ctrl-C stops it
+    all and removes the file. A second `up` while one runs says so and exits 1.
+
+    Exit codes: 0 stopped cleanly; 1 it could not start (a port in use, already running, a
+    missing binary) or --print-env found no running stack; 2 a usage error.
+    """
+    from correlator.tooling.context import read_context
+
+    if print_env:
+        context = read_context()
+        if context is None:
+            print("rootrank up: no rootrank up is running (start one: rootrank up)", file=sys.stderr)
+            return 1
+        sys.stdout.write(context.exports())
+        return 0
     from correlator.tooling.embedded import run_up
 
-    return run_up(load_cli_settings(config), kafka_port=kafka_port, data_dir=data_dir, broker=broker,
-                  roles=role, web_port=web_port, loglevel=loglevel)
+    return run_up(load_cli_settings(config), kafka_port=kafka_port, es_port=es_port, web_port=web_port,
+                  data_dir=data_dir, broker=broker, roles=role, loglevel=loglevel)
 
 
 @click.command("setup",
@@ -98,7 +129,8 @@ def setup(kibana: str | None, kibana_objects: str | None, kibana_space: str | No
 
     Idempotent: safe to run on every deploy.
     """
-    settings = load_cli_settings(config, es_url=es_url, bootstrap=bootstrap, partitions=partitions)
+    settings = load_cli_settings(config, es_url=es_url, bootstrap=bootstrap, partitions=partitions,
+                                 use_context=True)
     failed = False
     if not skip_topics:
         from kafka.errors import KafkaError

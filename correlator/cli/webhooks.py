@@ -20,10 +20,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 def worker_api_options(function: F) -> F:
     """The job and how to reach the worker: every action takes them."""
     function = config_option(function)
-    function = click.option("--token-file", metavar="FILE", help="File holding the API token.")(function)
+    function = click.option(
+        "--token-file", metavar="FILE",
+        help="File holding the API token; when not given: $ROOTRANK_API_TOKEN, the config's "
+        "webhooks.api_token, else the token of a running `rootrank up`.",
+    )(function)
     function = click.option(
         "--api", metavar="URL",
-        help="Worker URL; when not given: $ROOTRANK_API_URL, else http://127.0.0.1:<web_port>.",
+        help="Worker URL; when not given: $ROOTRANK_API_URL, a running `rootrank up`, "
+        "else http://127.0.0.1:<web_port>.",
     )(function)
     return click.option("--job", required=True, help="Job id whose webhooks to change or list.")(function)
 
@@ -31,13 +36,19 @@ def worker_api_options(function: F) -> F:
 def _worker_client(api: str | None, token_file: str | None, config: str | None) -> WebhooksClient:
     import os
 
-    from correlator.config import load_settings
+    from correlator.cli.settings import load_with_sources
     from correlator.sinks.webhooks.client import WebhooksClient, resolve_token
 
-    settings = load_settings(config)
-    configured = settings.webhooks.api_token.get_secret_value() if settings.webhooks.api_token else None
-    api = api or os.environ.get("ROOTRANK_API_URL") or f"http://127.0.0.1:{settings.web_port}"
-    return WebhooksClient(api, resolve_token(token_file, configured))
+    loaded = load_with_sources(config)
+    settings = loaded.settings
+    api = api or os.environ.get("ROOTRANK_API_URL")
+    token = settings.webhooks.api_token.get_secret_value() if settings.webhooks.api_token else None
+    if api is None and loaded.context is not None:
+        api = loaded.context.api_url
+    elif loaded.sources.get("webhooks.api_token") == "rootrank up":
+        token = None  # the local stack's token is for the local stack only, never sent to another worker
+    api = api or f"http://127.0.0.1:{settings.web_port}"
+    return WebhooksClient(api, resolve_token(token_file, token))
 
 
 def _report(exc: Exception) -> int:
@@ -49,8 +60,11 @@ def _report(exc: Exception) -> int:
 def webhooks() -> None:
     """Register, list and remove a job's webhooks on a running worker.
 
-    Talks to the worker's /jobs/{job_id}/webhooks API. The token for add/remove comes from
-    $ROOTRANK_API_TOKEN, --token-file or the config's webhooks.api_token (never a flag: shell history).
+    Talks to the worker's /jobs/{job_id}/webhooks API (a running `rootrank up` serves it). The token for
+    add/remove comes from --token-file, $ROOTRANK_API_TOKEN, the config's webhooks.api_token or a running
+    `rootrank up` (never a flag: shell history).
+
+    Exit codes: 0 done; 1 the worker refused or could not be reached; 2 a usage error.
     """
 
 
@@ -84,8 +98,12 @@ def add(job: str, api: str | None, token_file: str | None, config: str | None, *
 
 @webhooks.command("list", short_help="List the job's webhooks.")
 @worker_api_options
-def list_(job: str, api: str | None, token_file: str | None, config: str | None) -> int:
-    """List the job's webhooks."""
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+              help="text: one webhook a line; json: one webhook JSON per line.")
+def list_(job: str, api: str | None, token_file: str | None, config: str | None, output_format: str) -> int:
+    """List the job's webhooks (targets shown in full only with the API token)."""
+    import json
+
     from correlator.sinks.webhooks.client import ClientError
 
     client = _worker_client(api, token_file, config)
@@ -93,6 +111,10 @@ def list_(job: str, api: str | None, token_file: str | None, config: str | None)
         registrations = client.list(job)
     except (ClientError, OSError) as exc:
         return _report(exc)
+    if output_format == "json":
+        for view in registrations:
+            print(json.dumps(view, sort_keys=True))
+        return 0
     for view in registrations:
         filters = " ".join(
             part for part in (

@@ -326,8 +326,19 @@ def build_apps(settings: Settings, roles: list[str], *, web_port: int | None = N
         for i, role in enumerate(roles)
     ]
     if web_port is not None and apps:
+        _serve_pages_of_every_role(apps)
         _install_fleet_probes(apps, pipeline)
     return apps
+
+
+def _serve_pages_of_every_role(apps: list[faust.App]) -> None:
+    """Only the first app runs a web server: the pages the other roles registered (the webhooks API)
+    are served by it too, so `worker --role all --web-port N` answers /jobs/{job_id}/webhooks."""
+    served = apps[0].web.views
+    for app in apps[1:]:
+        for path, view in list(app.web.views.items()):
+            if path not in served:
+                apps[0].web.add_view(type(view))
 
 
 def _install_fleet_probes(apps: list[faust.App], pipeline: Pipeline) -> None:

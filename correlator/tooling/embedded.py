@@ -1,9 +1,13 @@
 """`rootrank up`: the local stack in the foreground, for a laptop or a demo.
 
-Starts an embedded Kafka broker (noida-db with its data in --data-dir, or Tansu in memory), creates
-the topics, starts any extra parts (the search store, a webhook receiver: see PARTS), prints where
-each part listens, then runs the worker until Ctrl-C; everything it started is stopped on the way
-out. Production runs the same worker against a real Kafka (docker-compose / the cluster's own).
+Starts an embedded Kafka broker (noida-db with its data in --data-dir, or Tansu in memory) on
+127.0.0.1:9092, creates the topics, starts any extra parts (the search store on :9200: see PARTS),
+prints where each part listens, then runs the worker (every role; /metrics, /healthz, /readyz and
+the webhooks API on :6066, writes with the stack's own API token) until Ctrl-C. Once the worker is
+ready it writes the context file (correlator/tooling/context.py) through which `incidents`, `show`,
+`webhooks`, `hosts`, `ship` and `setup` find the stack; everything it started is stopped and the
+file removed on the way out. A second `up` while one runs says so. Production runs the same worker
+against a real Kafka (docker-compose / the cluster's own).
 
 Adding a part: write `start_<part>(ctx: UpContext) -> Part | None` in your module (start the
 process, wait until it answers, point `ctx.settings` at it, return how to stop it) and list it in
@@ -28,11 +32,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from correlator.config import Settings
+from correlator.tooling.context import StackContext, read_context, remove_context, write_context
 
 # Extra parts of the local stack, started after Kafka and before the worker: "module:function".
 PARTS: list[str] = [
     "correlator.tooling.local_services:start_elasticsearch",
-    "correlator.tooling.local_services:start_webhook_receiver",
 ]
 
 
@@ -49,6 +53,7 @@ class UpContext:
     settings: Settings
     data_dir: Path
     parts: list[Part] = field(default_factory=list)
+    es_port: int | None = None  # the search store's port (None: a free one)
 
 
 class UpError(Exception):
@@ -211,37 +216,125 @@ def print_parts(parts: list[Part], out: TextIO = sys.stderr) -> None:
         print(f"rootrank up: {part.name:{width}s}  {part.address}{detail}", file=out, flush=True)
 
 
-def run_up(settings: Settings, *, kafka_port: int = 9092, data_dir: str | os.PathLike[str] = ".rootrank-data",
-           broker: str = "noida", roles: str = "all", web_port: int = 6066, loglevel: str = "warning") -> int:
+def _check_ports(ports: dict[str, int], host: str = "127.0.0.1") -> None:
+    for flag, port in ports.items():
+        if port_open(host, port):
+            raise UpError(f"port {port} is in use (another service, or a rootrank up of another user?): "
+                          f"choose another with {flag}")
+
+
+def _lock_data_dir(data_dir: Path) -> Any:
+    """An exclusive lock on the data dir for as long as this stack runs (None: another `up` holds it)."""
+    import fcntl
+
+    handle = (data_dir / "up.lock").open("a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+    return handle
+
+
+def api_token(settings: Settings, data_dir: Path) -> str:
+    """The configured webhooks.api_token, else the stack's own (made once, kept in DATA_DIR/api-token, 0600)."""
+    import secrets
+
+    if settings.webhooks.api_token is not None and settings.webhooks.api_token.get_secret_value():
+        return settings.webhooks.api_token.get_secret_value()
+    path = data_dir / "api-token"
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+        if token:
+            return token
+    except OSError:
+        pass
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(token + "\n")
+    return token
+
+
+def _announce_when_ready(web_url: str, context: StackContext, stop: Any) -> None:
+    """Write the context file once the worker's probes say ready, then say so (a thread: the worker
+    runs in the main thread)."""
+    while not stop.is_set():
+        if http_ok(f"{web_url}/readyz"):
+            path = write_context(context)
+            print(f"rootrank up: ready; the other commands find this stack through {path} "
+                  f"(or: eval \"$(rootrank up --print-env)\")", file=sys.stderr, flush=True)
+            return
+        stop.wait(0.5)
+
+
+def already_running_message(context: StackContext) -> str:
+    return (f"rootrank up is already running (pid {context.pid}, since {context.started}): Kafka {context.broker}, "
+            f"Elasticsearch {context.es_url}, API {context.api_url}. Stop it first (Ctrl-C, or kill "
+            f"{context.pid}), or use it: the other commands already do.")
+
+
+def run_up(settings: Settings, *, kafka_port: int = 9092, es_port: int = 9200, web_port: int = 6066,
+           data_dir: str | os.PathLike[str] = ".rootrank-data", broker: str = "noida", roles: str = "all",
+           loglevel: str = "warning") -> int:
+    import threading
+    from datetime import UTC, datetime
+
     from kafka.errors import KafkaError
+    from pydantic import SecretStr
 
     from correlator.stream.setup_topics import ensure_topics
     from correlator.stream.worker import run_worker
 
+    running = read_context()
+    if running is not None:
+        print(f"rootrank up: {already_running_message(running)}", file=sys.stderr)
+        return 1
     ctx = UpContext(settings=settings, data_dir=Path(data_dir).resolve())
     ctx.data_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock_data_dir(ctx.data_dir)
+    if lock is None:
+        print(f"rootrank up: another rootrank up is starting or running with --data-dir {ctx.data_dir}",
+              file=sys.stderr)
+        return 1
     settings.data_dir = str(ctx.data_dir)
+    ctx.es_port = es_port
+    stop_announcing = threading.Event()
     try:
         try:
+            _check_ports({"--kafka-port": kafka_port, "--es-port": es_port, "--web-port": web_port})
+            token = api_token(settings, ctx.data_dir)
+            settings.webhooks.api_token = SecretStr(token)
             ctx.parts.append(start_kafka(ctx, broker=broker, port=kafka_port))
             ensure_topics(settings)
             for target in PARTS:
                 part = _start_extra(ctx, target)
                 if part is not None:
                     ctx.parts.append(part)
-        except (UpError, KafkaError) as exc:
+        except (UpError, KafkaError, OSError) as exc:
             print(f"rootrank up: {exc}", file=sys.stderr)
             return 1
-        worker_web = web_port or None
-        parts = [*ctx.parts, Part("worker", f"http://127.0.0.1:{worker_web}/rootrank/metrics" if worker_web else "-",
-                                  f"roles {roles}, group prefix {settings.app_id}")]
+        web_url = f"http://127.0.0.1:{web_port}"
+        parts = [*ctx.parts,
+                 Part("worker", web_url, f"roles {roles}; /metrics, /healthz, /readyz; group prefix {settings.app_id}"),
+                 Part("webhooks API", f"{web_url}/jobs/JOB/webhooks", "rootrank webhooks add|list|remove")]
         print_parts(parts)
-        print(f"rootrank up: ship logs with  rootrank ship --bootstrap {settings.kafka.bootstrap_servers} --job JOB -- "
-              f"COMMAND   (Ctrl-C stops everything)", file=sys.stderr, flush=True)
-        return run_worker(settings, roles, loglevel=loglevel, web_port=worker_web)
+        print("rootrank up: ship logs with  rootrank ship --job JOB --file FILE...  or  rootrank ship --job JOB -- "
+              "COMMAND   (Ctrl-C stops everything)", file=sys.stderr, flush=True)
+        context = StackContext(
+            broker=settings.kafka.bootstrap_servers, es_url=settings.elasticsearch.url, api_url=web_url,
+            token=token, pid=os.getpid(), data_dir=str(ctx.data_dir),
+            started=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        threading.Thread(target=_announce_when_ready, args=(web_url, context, stop_announcing),
+                         name="up-ready", daemon=True).start()
+        return run_worker(settings, roles, loglevel=loglevel, web_port=web_port)
     finally:
+        stop_announcing.set()
+        remove_context(os.getpid())
         for part in reversed(ctx.parts):
             try:
                 part.stop()
             except Exception as exc:  # noqa: BLE001 - keep stopping the others
                 print(f"rootrank up: stopping {part.name}: {exc}", file=sys.stderr)
+        lock.close()

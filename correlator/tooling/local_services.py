@@ -1,8 +1,8 @@
 """Local stand-ins for the production services, for `rootrank up` and `make demo`.
 
 The search store is noida-db's Elasticsearch API (production: real Elasticsearch); the webhook
-receiver is a small HTTP server that records what it receives and checks Standard Webhooks
-signatures (production: Slack, PagerDuty, any HTTPS endpoint).
+receiver (`make demo`'s) is a small HTTP server that records what it receives and checks Standard
+Webhooks signatures (production: Slack, PagerDuty, any HTTPS endpoint).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def start_elasticsearch(ctx: UpContext, port: int | None = None) -> Part:
     if binary is None:
         raise UpError("noida-db is not installed: pip install noida-db==0.2.3 (or point ROOTRANK_ELASTICSEARCH__URL "
                       "at a real Elasticsearch)")
-    port = port or free_port()
+    port = port or ctx.es_port or free_port()
     data = ctx.data_dir / "elasticsearch"
     data.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{port}"
@@ -42,7 +42,51 @@ def start_elasticsearch(ctx: UpContext, port: int | None = None) -> Part:
     )
     process.start(lambda: http_ok(url))
     ctx.settings.elasticsearch.url = url
-    return Part("search store", url, "noida-db Elasticsearch API", process.stop)
+    from correlator.sinks.elasticsearch.indices import install_templates
+
+    try:
+        for _ in install_templates(ctx.settings):
+            pass
+    except Exception as exc:  # noqa: BLE001 - report it as the part failing to start
+        process.stop()
+        raise UpError(f"the search store at {url} refused the index templates: {exc}") from None
+    refresher = _Refresher(url)
+    refresher.start()
+
+    def stop() -> None:
+        refresher.stop()
+        process.stop()
+
+    return Part("search store", url, f"noida-db Elasticsearch API, data in {data}", stop)
+
+
+class _Refresher:
+    """noida-db ignores the templates' refresh_interval (1s): a document becomes searchable only at an
+    explicit refresh or the next write, so a job's single incident would never show. The local store
+    is refreshed every second instead, as Elasticsearch itself would (production is not touched)."""
+
+    def __init__(self, url: str, interval_s: float = 1.0) -> None:
+        self.url = f"{url}/_refresh"
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="search-store-refresh", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        import urllib.request
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        while not self._stop.wait(self.interval_s):
+            try:
+                opener.open(urllib.request.Request(self.url, data=b"", method="POST"), timeout=5).close()
+            except OSError:
+                pass  # stopping, or busy: the next tick refreshes
 
 
 @dataclass
@@ -98,12 +142,3 @@ class WebhookReceiver:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
-
-
-def start_webhook_receiver(ctx: UpContext) -> Part:
-    """A local receiver, routed every incident (for trying webhooks without an external endpoint)."""
-    receiver = WebhookReceiver()
-    url = receiver.start()
-    ctx.settings.webhooks.receivers.setdefault("local", {"kind": "generic_json", "url": f"{url}/hook"})
-    ctx.settings.webhooks.routes.append({"match": {}, "receivers": ["local"]})
-    return Part("webhook receiver", f"{url}/hook", "records POSTs (generic JSON)", receiver.stop)

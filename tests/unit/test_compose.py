@@ -174,3 +174,16 @@ def test_dockerfile_builds_from_the_repository_layout() -> None:
     assert 'ENTRYPOINT ["rootrank"]' in dockerfile
     assert "ROOTRANK_KIBANA_OBJECTS=/opt/rootrank/deploy/kibana" in dockerfile
     assert (ROOT / "deploy" / "docker" / "Dockerfile.dockerignore").exists()
+
+
+def test_the_webhooks_api_is_reachable_from_the_host_with_a_token_from_the_environment() -> None:
+    result = _compose("config")
+    assert result.returncode == 0, result.stderr
+    service = yaml.safe_load(result.stdout)["services"]["worker-webhooks"]
+    ports = [str(p) if not isinstance(p, dict) else f"{p.get('host_ip')}:{p.get('published')}:{p.get('target')}"
+             for p in service.get("ports", [])]
+    assert any(p.startswith("127.0.0.1:6066:6066") for p in ports), ports
+    assert service["environment"]["ROOTRANK_WEB_BIND"] == "0.0.0.0"
+    assert "ROOTRANK_WEBHOOKS__API_TOKEN" in service["environment"]
+    raw = COMPOSE.read_text(encoding="utf-8")
+    assert "ROOTRANK_WEBHOOKS__API_TOKEN: ${ROOTRANK_API_TOKEN:-}" in raw  # from the shell, never in the file

@@ -75,7 +75,7 @@ def test_clean_log_gives_the_empty_contract(tmp_path: Path) -> None:
 def test_broken_rule_folder_is_reported_as_file_line(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("id: bad\ntitle: [unclosed\n")
     proc = rootrank("diagnose", "--rules", str(tmp_path), "/dev/null")
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # not a finding: the run could not happen
     assert re.match(rf"{re.escape(str(tmp_path / 'bad.yaml'))}:[23]: YAML syntax: ", proc.stderr), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "Traceback" not in proc.stderr
@@ -85,3 +85,76 @@ def test_gzip_that_is_not_gzip_is_a_counted_skip(tmp_path: Path) -> None:
     (tmp_path / "fake.log.gz").write_text("not gzip at all\n")
     proc = rootrank("diagnose", str(tmp_path / "fake.log.gz"))
     assert "fake.log.gz" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- the exit-code table (README, docs/operations.md, `rootrank diagnose --help`) -----------------------
+
+RECOVERED = f"[rank3]: step 10 loss 2.0\n{OOM}\n[rank3]: step 11 loss 2.0\n[rank3]: step 12 loss 1.9\n"
+
+
+def _run_in_process(args: list[str], capfd: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from correlator.cli import main
+
+    code = main(args)
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("exit-codes")
+    files = {"oom": f"{OOM}\n", "clean": "[rank0]: step 10 loss 2.1\n", "recovered": RECOVERED, "empty": ""}
+    for name, text in files.items():
+        (folder / f"{name}.log").write_text(text)
+    (folder / "binary.bin").write_bytes(b"\0\1\2\3" * 1000)
+    return {name: folder / f"{name}.log" for name in files} | {"binary": folder / "binary.bin"}
+
+
+EXIT_TABLE = [
+    # (input, extra flags, exit code)
+    ("oom", [], 0),                                  # it ran, an incident was found
+    ("clean", [], 0),                                # it ran, nothing found
+    ("oom", ["--fail-on", "high"], 1),               # a critical incident >= high
+    ("oom", ["--fail-on", "critical"], 1),
+    ("clean", ["--fail-on", "info"], 0),
+    ("recovered", ["--fail-on", "info"], 0),         # a failure the job survived never fails the run
+    ("empty", ["--fail-on", "info"], 0),             # no lines: it says so, nothing to fail on
+    ("binary", [], 2),                               # no input it could read
+    ("missing", [], 2),
+    ("oom", ["--fail-on", "severe"], 2),             # a usage error
+]
+
+
+@pytest.mark.parametrize("output_format", ["text", "json", "html"])
+@pytest.mark.parametrize(("name", "flags", "expected"), EXIT_TABLE,
+                         ids=[f"{n}-{'-'.join(f) or 'plain'}" for n, f, _ in EXIT_TABLE])
+def test_exit_codes_are_the_same_for_every_format(
+    output_format: str, name: str, flags: list[str], expected: int, logs: dict[str, Path],
+    capfd: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    path = str(logs.get(name, tmp_path / "no-such.log"))
+    code, out, err = _run_in_process(["diagnose", "-j", "1", "--format", output_format, *flags, path], capfd)
+    assert code == expected, err
+    assert "Traceback" not in err
+    if name == "empty":
+        assert "the input has no lines" in err
+
+
+def test_output_goes_to_stdout_unless_o_is_given_for_every_format(
+    logs: dict[str, Path], capfd: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    for output_format, marker in (("text", "cuda_oom"), ("json", '"incidents"'), ("html", "<!DOCTYPE html>")):
+        code, out, err = _run_in_process(["diagnose", "-j", "1", "--format", output_format, str(logs["oom"])], capfd)
+        assert code == 0 and marker in out, (output_format, err)
+        target = tmp_path / f"report.{output_format}"
+        code, out, err = _run_in_process(
+            ["diagnose", "-j", "1", "--format", output_format, "-o", str(target), str(logs["oom"])], capfd)
+        assert code == 0 and out == "" and f"wrote {target}" in err
+        assert marker in target.read_text(encoding="utf-8")
+
+
+def test_version_prints_the_package_and_rule_set_versions(capfd: pytest.CaptureFixture[str]) -> None:
+    for flag in ("--version", "-V"):
+        code, out, _ = _run_in_process([flag], capfd)
+        assert code == 0
+        assert re.match(r"rootrank \S+, rule set [0-9a-f]{12} \(\d+ rules\)$", out.strip()), out

@@ -74,7 +74,7 @@ class IncidentBuilder:
             consequences = [n for n in nodes if n is not primary and explained.get(id(n)) is not None]
             if consequences:
                 confidence = min(1.0, confidence + 0.05)
-                ranks = set().union(*(n.ranks() for n in consequences))
+                ranks = set().union(*(n.ranks() for n in consequences)) - {initiator.rank}
                 classes = sorted({n.cls for n in consequences})
                 reason = (
                     f"{_who(signal)} raised {cls} ({signal.rule_id}) first; it explains {', '.join(classes)} seen on "

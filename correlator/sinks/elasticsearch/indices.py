@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from correlator.config import ElasticsearchSettings, Settings
 
-TEMPLATE_VERSION = 1  # bump when a mapping changes; `rootrank setup` then re-installs the templates
+TEMPLATE_VERSION = 2  # bump when a mapping changes; `rootrank setup` then re-installs the templates
 
 
 # --- names ------------------------------------------------------------------------------------

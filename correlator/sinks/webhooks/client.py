@@ -58,9 +58,15 @@ class WebhooksClient:
             raise ClientError(f"cannot reach the rootrank worker at {self.base_url}: {reason}") from None
 
     def _ok(self, status: int, payload: dict[str, Any]) -> dict[str, Any]:
-        if status >= 300:
-            raise ClientError(f"HTTP {status}: {payload.get('error', 'no detail')}")
-        return payload
+        if status < 300:
+            return payload
+        detail = payload.get("error")
+        if status == 404 and not detail:
+            detail = (f"{self.base_url} does not serve the webhooks API (a worker running the webhooks role "
+                      "with --web-port serves it; so does `rootrank up`)")
+        elif status == 401 and not self.token:
+            detail = f"{detail or 'unauthorized'}: no API token (--token-file, $ROOTRANK_API_TOKEN)"
+        raise ClientError(f"HTTP {status}: {detail or 'no detail'}")
 
     def add(self, job_id: str, registration: dict[str, Any]) -> dict[str, Any]:
         return self._ok(*self._call("PUT", job_id, body=registration))
