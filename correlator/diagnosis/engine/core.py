@@ -73,6 +73,8 @@ class Engine:
         clock = estimate_clock(state.anchors, state.receive_lag)
         signals = [self._with_attempt(fill_identity(s, state.identity), state) for s in state.signals]
         timeline = build_timeline(signals, clock)
+        # sequence preconditions from the whole job (a save torn in one attempt fails the next one's load)
+        earlier = [s for s in signals if s.fields.get("marker") == "after"]
         aggregates = [self._aggregate_node(key, state, clock) for key in sorted(state.aggregates)]
         for node in aggregates:
             # the attempt by every restart now known (the key holds the one known when its first line came)
@@ -87,7 +89,8 @@ class Engine:
         for attempt in sorted(by_attempt):
             attempt_signals, attempt_aggregates = by_attempt[attempt]
             for window, window_aggregates in self._windows(attempt_signals, attempt_aggregates, timeline):
-                incidents.extend(self._window_incidents(state, attempt, window, window_aggregates, timeline, now_t))
+                incidents.extend(self._window_incidents(state, attempt, window, window_aggregates, timeline, now_t,
+                                                        earlier))
         incidents = _distinct_ids(state.job_id, incidents)
         incidents.sort(key=_primary_order)
         return incidents
@@ -147,8 +150,8 @@ class Engine:
         aggregates: Sequence[Node],
         timeline: Timeline,
         now_t: float | None,
+        earlier: Sequence[Signal] = (),
     ) -> list[Incident]:
-        earlier = [s for s in state.signals if s.fields.get("marker") == "after"]
         matches = [s for s in resolve_special(self.rules, window, timeline, now_t, earlier) if s.class_]
         nodes = [Node(s, timeline.t(s), attempt) for s in matches] + list(aggregates)
         if not nodes or max(_SEVERITY_RANK.get(n.signal.severity, 2) for n in nodes) == 0:
