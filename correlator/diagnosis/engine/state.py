@@ -300,6 +300,10 @@ class JobState(BaseModel):
                     self._fold(signal, 1)
                     return True
                 self._evict(latest)
+        return self._append(signal, key)
+
+    def _append(self, signal: Signal, key: str) -> bool:
+        """Keep `signal` individually, making room (or counting it dropped) at the bound."""
         if len(self.signals) >= MAX_SIGNALS and not self._make_room(signal):
             self._drop(signal)
             return False
@@ -414,12 +418,7 @@ class JobState(BaseModel):
             self.repeats.pop(dedupe_key(self.signals[middle]), None)
             del self.signals[middle]
             self._index = None
-        if len(self.signals) >= MAX_SIGNALS and not self._make_room(signal):
-            self._drop(signal)
-            return False
-        self._key_index()[key] = len(self.signals)
-        self.signals.append(signal)
-        return True
+        return self._append(signal, key)
 
     # --- facts ----------------------------------------------------------------------------
 
