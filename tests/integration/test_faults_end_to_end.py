@@ -49,6 +49,16 @@ ROLES = "match,correlate,es-sink,webhooks"
 ADDED = 'rootrank_signals_applied_total{outcome="added"}'
 
 
+def json_diff(want: Any, got: Any) -> str:
+    """A unified diff of two JSON values, for assertion messages."""
+    import difflib
+
+    def lines(value: Any) -> list[str]:
+        return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode().splitlines()
+
+    return "\n".join(difflib.unified_diff(lines(want), lines(got), "offline", "streamed", lineterm="", n=2))
+
+
 def test_sigkill_mid_failure_gives_one_document_and_one_webhook_per_revision(
     tansu_broker: BrokerAddress, noida_elasticsearch: ElasticsearchServer, http_receiver: HttpReceiver,
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -253,14 +263,23 @@ def test_rebalances_mid_stream_a_worker_joins_then_one_is_killed(tansu_broker: B
                 time.sleep(then_s)
         producer.flush(30)
 
+        differences: dict[str, str] = {}
+
         def all_right(streamed: list[dict[str, Any]]) -> bool:
+            differences.clear()
             for job, want in expected.items():
                 latest = [i for i in latest_revisions(streamed).values() if i["job_id"] == job]
-                if sorted((incident_essentials(i) for i in latest), key=lambda i: i["incident_id"]) != want:
-                    return False
-            return True
+                got = sorted((incident_essentials(i) for i in latest), key=lambda i: i["incident_id"])
+                if got != want:
+                    differences[job] = json_diff(want, got)
+            return not differences
 
-        streamed = [i for i in pipeline.incidents(None, until=all_right, timeout=120) if i["job_id"] in expected]
+        try:
+            incidents = pipeline.incidents(None, until=all_right, timeout=120)
+        except AssertionError as exc:
+            raise AssertionError(f"streamed incidents differ from the offline ones:\n"
+                                 + "\n".join(f"{job}:\n{diff}" for job, diff in differences.items())) from exc
+        streamed = [i for i in incidents if i["job_id"] in expected]
         right_s = time.monotonic() - stream_started
         seen = [(i["incident_id"], i["revision"]) for i in streamed]
         assert len(seen) == len(set(seen)), f"a revision was emitted twice: {seen}"

@@ -135,6 +135,38 @@ def test_quiet_window_emits_once_and_revises_on_change(ruleset: RuleSet, extract
     asyncio.run(scenario())
 
 
+def test_an_incident_a_late_line_supersedes_is_closed(ruleset: RuleSet, extractor: SignalExtractor) -> None:
+    """Rank 3's earlier OOM arrives after rank 7's incident went out (its lines were held up): the new
+    incident names rank 3, and rank 7's incident is sent once more, closed, naming its successor.
+    Without the closing, rank 7's incident would stay open in Elasticsearch and on the pager."""
+    h = Harness(ruleset)
+    early, late = oom_signals(extractor, "job-s", [(3, 0.0), (7, 4.0)])
+
+    async def scenario() -> None:
+        async with h.agent.test_context() as tested:
+            await h.put_batch(tested, [(b"job-s", signal_to_bytes(late))])
+            h.now += QUIET_S + 1
+            await h.put_batch(tested, [(b"job-s", close_message("job-s", h.now))])
+            (first,) = await h.incidents()
+            assert first["initiator"]["rank"] == 7 and first["status"] == "open"
+
+            await h.put_batch(tested, [(b"job-s", signal_to_bytes(early))])
+            h.now += QUIET_S + 1
+            await h.put_batch(tested, [(b"job-s", close_message("job-s", h.now))])
+            new, closed = await h.incidents()
+            assert new["initiator"]["rank"] == 3 and new["incident_id"] != first["incident_id"]
+            assert (closed["incident_id"], closed["revision"], closed["status"]) == (first["incident_id"], 2, "closed")
+            assert closed["initiator"] == first["initiator"]
+            assert new["incident_id"] in closed["confidence_reason"]
+
+            # Closed once: another close of the quiet job sends nothing.
+            h.now += QUIET_S + 1
+            await h.put_batch(tested, [(b"job-s", close_message("job-s", h.now))])
+            assert await h.incidents() == []
+
+    asyncio.run(scenario())
+
+
 def test_state_in_the_table_survives_a_new_agent(ruleset: RuleSet, extractor: SignalExtractor) -> None:
     """What a restarted worker sees after changelog recovery: the same dict, nothing emitted twice."""
     signals = oom_signals(extractor, "job-b", [(1, 0.0), (2, 1.0)])

@@ -49,6 +49,12 @@ def sort_key(signal: Signal) -> tuple[float, int]:
     return (t if t is not None else float("inf"), signal.order)
 
 
+def sample_key(signal: Signal) -> tuple[float, int, str, int, str, str]:
+    """`sort_key` made total: lines of different files with the same time and line number still compare."""
+    t, order = sort_key(signal)
+    return (t, order, signal.host or "", -1 if signal.rank is None else signal.rank, signal.file or "", signal.line)
+
+
 def process_key(signal: Signal) -> str:
     """Who wrote or is named by a signal, as precisely as it says."""
     if signal.rank is not None:
@@ -113,11 +119,14 @@ class Aggregate(BaseModel):
                 del self.hosts[latest]
         elif t is not None and (self.hosts[host] is None or t < self.hosts[host]):  # type: ignore[operator]
             self.hosts[host] = t
+        # The earliest lines in a total order, so the samples (and the line that stands for the cascade)
+        # are the same whichever order the lines arrived in: a file read offline or a stream after a rebalance.
         if len(self.samples) < MAX_SAMPLES:
             self.samples.append(signal)
-        elif sort_key(signal) < sort_key(self.samples[-1]):
+            self.samples.sort(key=sample_key)
+        elif sample_key(signal) < sample_key(self.samples[-1]):
             self.samples[-1] = signal
-            self.samples.sort(key=sort_key)
+            self.samples.sort(key=sample_key)
 
 
 class CounterValues(BaseModel):

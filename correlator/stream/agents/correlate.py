@@ -69,6 +69,9 @@ class JobEntry:
     seen: list[str] = field(default_factory=list)
     open: bool = False
     partition: int | None = None
+    # The last revision sent of each incident that is still open: what to close when a later
+    # diagnosis of the job no longer has it.
+    sent: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, job_id: str, data: dict[str, Any] | None) -> JobEntry:
@@ -79,6 +82,7 @@ class JobEntry:
             seen=list(data.get("seen") or []),
             open=bool(data.get("open")),
             partition=data.get("partition"),
+            sent=dict(data.get("sent") or {}),
         )
 
     # Each signal's JSON dict from the last to_dict, by identity (signals are frozen): a batch changes
@@ -108,6 +112,7 @@ class JobEntry:
             "open": self.open,
             "last_update": self.state.last_update,
             "partition": self.partition,
+            "sent": self.sent,
         }
 
 
@@ -225,7 +230,32 @@ class JobCorrelator:
             revision = state.revisions.get(incident.incident_id, 0) + 1
             state.emitted[incident.incident_id] = fingerprint
             state.revisions[incident.incident_id] = revision
-            out.append(incident.model_copy(update={"revision": revision}))
+            revised = incident.model_copy(update={"revision": revision})
+            entry.sent[incident.incident_id] = revised.to_json_dict()
+            out.append(revised)
+        out.extend(self._close_superseded(entry, incidents))
+        return out
+
+    @staticmethod
+    def _close_superseded(entry: JobEntry, incidents: Sequence[Incident]) -> list[Incident]:
+        """Incidents sent earlier that this diagnosis no longer has: lines that came later (a rank's
+        lines held up by a forwarder or a rebalance) changed who or what initiated the failure. Each is
+        sent once more, closed, naming the incident of its attempt that replaces it, so an
+        Elasticsearch document or a pager alert that named the wrong rank does not stay open."""
+        state = entry.state
+        current = {incident.incident_id for incident in incidents}
+        out: list[Incident] = []
+        for incident_id in [i for i in entry.sent if i not in current]:
+            previous = Incident.model_validate(entry.sent.pop(incident_id))
+            successor = next((i for i in incidents if i.attempt == previous.attempt),
+                             incidents[0] if incidents else None)
+            reason = (f"superseded by incident {successor.incident_id} ({successor.class_}): later lines changed the "
+                      f"diagnosis" if successor is not None else "superseded: later lines changed the diagnosis")
+            revision = state.revisions.get(incident_id, previous.revision) + 1
+            state.revisions[incident_id] = revision
+            state.emitted[incident_id] = "closed"
+            out.append(previous.model_copy(update={"revision": revision, "status": "closed",
+                                                   "confidence_reason": reason}))
         return out
 
 

@@ -318,6 +318,32 @@ def test_a_4096_rank_cascade_keeps_its_cause_arriving_last_in_a_bounded_state(
     assert len(timeouts[0].ranks) == 4095
 
 
+def test_the_cascade_reads_the_same_whatever_order_its_lines_arrive_in(
+    engine: Engine, extractor: SignalExtractor
+) -> None:
+    """A hang with only watchdog lines, its lines arriving in every possible order (a stream after a
+    rebalance, a file read offline): the incident is the same, down to the line that stands for the
+    cascade. (Off: the aggregate keeps its first lines by arrival -> an order whose earliest line comes
+    second names a later line.)"""
+    from itertools import permutations
+
+    job = JobBuilder(world=4, hosts=1, skew_s=0.0, seed=23)
+    for rank, at_s in ((0, 700.6), (1, 700.1), (2, 700.4), (3, 700.9)):
+        job.watchdog_pg(rank, at_s, pg=0, pg_rank=rank, seq=412, enqueued=412, completed=411)
+
+    def essentials(events: list) -> list:
+        state = JobState(job_id="job-64")
+        for event in events:
+            state.add_all(extractor.from_events([event], order_base=event.offset))
+        return [orjson.loads(orjson.dumps(i.to_json_dict())) for i in engine.diagnose(state)]
+
+    by_rank = [job.events[i:i + 2] for i in range(0, len(job.events), 2)]
+    readings = {orjson.dumps(essentials([e for rank in order for e in rank])) for order in permutations(by_rank)}
+    assert len(readings) == 1
+    (incident,) = orjson.loads(readings.pop())
+    assert "Rank 1]" in incident["initiator"]["line"]
+
+
 # --- 8. stable incident identity ---------------------------------------------------------------------
 
 
