@@ -277,7 +277,7 @@ def test_rebalances_mid_stream_a_worker_joins_then_one_is_killed(tansu_broker: B
         try:
             incidents = pipeline.incidents(None, until=all_right, timeout=120)
         except AssertionError as exc:
-            raise AssertionError(f"streamed incidents differ from the offline ones:\n"
+            raise AssertionError("streamed incidents differ from the offline ones:\n"
                                  + "\n".join(f"{job}:\n{diff}" for job, diff in differences.items())) from exc
         streamed = [i for i in incidents if i["job_id"] in expected]
         right_s = time.monotonic() - stream_started
