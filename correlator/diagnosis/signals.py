@@ -83,11 +83,14 @@ class SignalExtractor:
                     fields["reporter_rank"] = event.rank
                 extracted["rank"] = extracted.pop("blame_rank")
                 identity.update({"local_rank": None, "pid": None, "gpu": None})
+            self_rank = extracted.pop("self_rank", None)
             for name, value in extracted.items():
                 if name in IDENTITY_FIELDS:
                     identity[name] = value if name in ("gpu", "host") else _coerce(value)
                 else:
                     fields[name] = _coerce(value)
+            if self_rank is not None:
+                self._place_self_rank(_coerce(self_rank), identity, fields)
             if identity["rank"] is None and fields.get("pg") in DEFAULT_GROUPS and isinstance(fields.get("pg_rank"), int):
                 # A rank within the default process group is the global rank.
                 identity["rank"] = fields["pg_rank"]
@@ -121,6 +124,19 @@ class SignalExtractor:
             fields=fields,
             **identity,  # type: ignore[arg-type]
         )
+
+    @staticmethod
+    def _place_self_rank(self_rank: object, identity: dict[str, object], fields: dict[str, str | int | float]) -> None:
+        """The `[Rank N]` a process writes of itself (c10d's log prefix) is its rank *in the process group*
+        of the line: the global rank only in the default group. The launcher's `[rankN]:` prefix is the
+        global rank and wins; without one, N is the global rank unless the line names another group."""
+        if not isinstance(self_rank, int):
+            return
+        pg = fields.get("pg")
+        if "pg_rank" not in fields and (identity["rank"] is not None or (pg is not None and pg not in DEFAULT_GROUPS)):
+            fields["pg_rank"] = self_rank
+        if identity["rank"] is None and (pg is None or pg in DEFAULT_GROUPS):
+            identity["rank"] = self_rank
 
     def is_routine(self, hit: Hit) -> bool:
         """Progress markers and metric values: lines a healthy job prints every step."""

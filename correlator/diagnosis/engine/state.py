@@ -31,7 +31,7 @@ MAX_PROCESSES = 8192  # identity and progress entries
 MAX_ANCHORS = 16
 MAX_HOSTS_PER_ANCHOR = 1024
 MAX_VALUES_PER_COUNTER = 32
-MAX_PROCESS_GROUPS = 64
+MAX_PROCESS_GROUPS = 2048  # a 4,096-rank job with tensor-parallel groups of 8 has 513 per attempt
 MAX_RESTARTS = 256
 MAX_METRIC_PROCESSES = 64
 MAX_MARKERS_PER_RULE = 32  # per metric rule: the highest and the lowest peaks
@@ -526,11 +526,17 @@ class JobState(BaseModel):
 
     def _note_collective(self, signal: Signal, t: float | None) -> bool:
         f = signal.fields
+        if pg_of(signal) is None and isinstance(f.get("pg_rank"), int) and signal.rank is not None \
+                and f["pg_rank"] != signal.rank:
+            # Its rank in some group differs from its global rank: not the default group, and the line does
+            # not say which (a watchdog line without the PG prefix; the same process's next line names it).
+            return False
         pg = pg_of(signal) or "0"
         key = f"{self.attempt_of(signal)}:{pg}"
         group = self.groups.get(key)
         if group is None:
-            if len(self.groups) >= MAX_PROCESS_GROUPS:
+            reports = signal.kind == "match" and signal.class_ in ("nccl_timeout", "nccl_error")
+            if len(self.groups) >= MAX_PROCESS_GROUPS and not (reports and self._evict_quiet_group()):
                 return False
             group = self.groups[key] = GroupProgress(pg=pg)
         pg_rank = f.get("pg_rank")
@@ -565,6 +571,15 @@ class JobState(BaseModel):
         timeout = f.get("timeout_ms")
         if isinstance(timeout, int):
             group.timeout_ms = max(group.timeout_ms or 0, timeout)
+        return True
+
+    def _evict_quiet_group(self) -> bool:
+        """Room for a group that reports a failure: the first-known group nobody reported in goes (its
+        members only mattered had it timed out)."""
+        quiet = next((key for key, group in self.groups.items() if not group.reporters), None)
+        if quiet is None:
+            return False
+        del self.groups[quiet]
         return True
 
     # --- clocks ---------------------------------------------------------------------------

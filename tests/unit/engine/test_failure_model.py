@@ -214,6 +214,37 @@ def test_the_stuck_rank_is_named_from_the_group_that_timed_out_not_by_mixing_gro
     assert "process group 3" in primary.confidence_reason
 
 
+def test_a_hang_in_one_of_128_tensor_parallel_groups_names_the_member_missing_from_its_reports(
+    engine: Engine, extractor: SignalExtractor
+) -> None:
+    """1,024 ranks, a tensor-parallel group of 8 per host (129 groups). Rank 805 hangs inside host 100's
+    group: its 7 peers report there first, as torch 2.5 writes it (the watchdog line names only the rank in
+    the group, `[Rank 5]`; the next line adds the group), then the other ranks time out in the default
+    group. (Off: `[Rank 5]` taken for the global rank -> the reports land on ranks 0-7; or a bound of 64
+    groups -> host 100's group is never tracked; either way no suspect.)"""
+    job = JobBuilder(world=1024, hosts=128, seed=35)
+    for r in range(job.world):
+        job.pg_init(r, 2.0, pg=0, pg_rank=r, size=job.world)
+        job.pg_init(r, 2.5, pg=1 + r // job.per_host, pg_rank=r % job.per_host, size=job.per_host)
+    stuck, pg = 805, 1 + 805 // 8
+    for r in range(800, 808):
+        if r == stuck:
+            continue
+        at_s, work = 700.0 + job.rng.uniform(0, 0.2), ("WorkNCCL(SeqNum=6255, OpType=_ALLGATHER_BASE, NumelIn=3211264, "
+                                                       "NumelOut=3211264, Timeout(ms)=600000) ran for 600083 milliseconds")
+        job.emit(r, at_s, f"[rank{r}]:[E314 09:37:00.000000000 ProcessGroupNCCL.cpp:607] [Rank {r % 8}] Watchdog "
+                          f"caught collective operation timeout: {work} before timing out.")
+        job.emit(r, at_s + 0.001, f"[rank{r}]:[F314 09:37:00.000000000 ProcessGroupNCCL.cpp:1509] [PG ID 1 PG GUID "
+                                  f"{pg}(undefined) Rank {r % 8}] Process group watchdog thread terminated with exception: "
+                                  f"[Rank {r % 8}] Watchdog caught collective operation timeout: {work} before timing out.")
+    for r in range(job.world):
+        if r not in range(800, 808):
+            job.watchdog_pg(r, 702.0 + job.rng.uniform(0, 0.2), pg=0, pg_rank=r, seq=880, enqueued=881, completed=879)
+    primary = run(engine, extractor, list(job.events))[0]  # in order: every group is created before the hang
+    assert (primary.class_, primary.initiator.rank) == ("straggler_hang", stuck)
+    assert f"process group {pg}" in primary.confidence_reason
+
+
 def test_the_rank_whose_enqueued_counter_lags_is_the_straggler(engine: Engine, extractor: SignalExtractor) -> None:
     """Every rank's collective 612 timed out; the others had enqueued up to 614 behind it, rank 9 only 612:
     it is the one that fell behind. Last completed is 611 everywhere (nobody completes a hung collective).
