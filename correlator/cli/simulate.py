@@ -42,7 +42,7 @@ def _iso_time(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--initiator-rank", type=int, help="The failing rank; when not given: drawn from the seed.")
 @click.option("--out", default="simulated", metavar="DIR", help="Folder to write (logs/ and truth.json).")
 @click.option("--start", callback=_iso_time, metavar="TIME",
-              help="Job start time, ISO 8601; when not given: 18:30 UTC yesterday.")
+              help="Job start time, ISO 8601; when not given: the job ends just now (found by `incidents --since 1h`).")
 @click.option("--list-classes", is_flag=True, help="Print the class slugs and exit.")
 def simulate(failure_class: str | None, demo: bool, world_size: int, hosts: int, seed: int, skew_max_s: float,
              log_format: str, noise_lines: int, late_lines: int, initiator_rank: int | None, out: str,
@@ -52,12 +52,11 @@ def simulate(failure_class: str | None, demo: bool, world_size: int, hosts: int,
     One log file per host (plain), or one file of forwarder messages, plus truth.json.
     --demo: 64 ranks on 8 hosts, the GPU of rank 37 falls off the bus (Xid 79).
     """
-    from correlator.diagnosis.rules import RuleError, load_ruleset
-    from correlator.tooling.simulate import SimulateError
+    from correlator.tooling.simulate import SimulateError, classes
     from correlator.tooling.simulate import simulate as write_simulated_job
 
     if list_classes:
-        for slug in load_ruleset().classes:
+        for slug in classes():
             print(slug)
         return 0
     if demo and initiator_rank is None:
@@ -69,11 +68,13 @@ def simulate(failure_class: str | None, demo: bool, world_size: int, hosts: int,
             out=Path(out),
             initiator_rank=initiator_rank, demo=demo, start=start,
         )
-    except (SimulateError, RuleError) as exc:
+    except SimulateError as exc:
         print(f"rootrank simulate: {exc}", file=sys.stderr)
         return 2
-    who = "every rank" if truth.initiator.all else f"rank {truth.initiator.rank} on {truth.initiator.host}"
-    print(f"{truth.class_}: {who} initiates; {truth.world_size} ranks on {len(truth.hosts)} hosts; "
+    who = ("every rank" if truth.initiator.all else "no visible rank" if truth.initiator.unknown
+           else f"the launcher on {truth.initiator.host}" if truth.initiator.host_only
+           else f"rank {truth.initiator.rank} on {truth.initiator.host}")
+    print(f"{truth.class_} ({truth.story}): {who} initiates; {truth.world_size} ranks on {len(truth.hosts)} hosts; "
           f"wrote {len(truth.files)} log file(s) and truth.json to {out}; "
           f"diagnose with: rootrank diagnose {Path(out) / truth.job_id}")
     return 0

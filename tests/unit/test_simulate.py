@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import time
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,33 +13,37 @@ from pathlib import Path
 import pytest
 
 from correlator.cli import main
-from correlator.diagnosis.matcher import Matcher
-from correlator.diagnosis.rules import RuleSet, load_ruleset
 from correlator.tooling.simulate import (
     DEMO_RANK,
     FORMATS,
+    STORIES,
     SimulateError,
     Truth,
+    classes,
     logs_dir,
     read_truth,
-    sample_matching,
     simulate,
     simulate_demo,
-    split_example,
 )
 
 START = datetime(2026, 3, 14, 9, 0, 0, tzinfo=UTC)
 RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
 TORCH_TS = re.compile(r"^\[rank(\d+)\]:\[[IWEF]\d{3,4} (\d\d):(\d\d):(\d\d)\.(\d{6})\d* ")
-WATCHDOG = re.compile(r"\[Rank (\d+)\] Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+),")
-COMPLETED = re.compile(r"Rank (\d+)\] Exception \(either an error or timeout\) detected by watchdog at work: (\d+), "
-                       r"last enqueued NCCL work: (\d+), last completed NCCL work: (\d+)\.")
+WATCHDOG = re.compile(r"Rank (\d+)\] Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+),")
+# the three releases' progress lines (2.2-2.3, 2.4-2.5, 2.6+)
+COMPLETED = re.compile(r"Rank (\d+)\] (?:Timeout at NCCL work: |Exception \(either an error or timeout\) detected by "
+                       r"watchdog at work: | failure detected by watchdog at work sequence id: )(\d+)(?:, | PG status: )"
+                       r"last enqueued (?:NCCL )?work: (\d+), last completed (?:NCCL )?work: (\d+)")
 INIT = re.compile(r"^(\S+):(\d+):\d+ \[(\d+)\] NCCL INFO ncclCommInitRank comm \S+ rank (\d+) nranks (\d+) cudaDev (\d+)")
 
 
-@pytest.fixture(scope="module")
-def ruleset() -> RuleSet:
-    return load_ruleset()
+def _seed_with_torch(tmp_path: Path, cls: str, minimum: tuple[int, int], **kw: object) -> int:
+    """The first seed whose simulated stack runs at least this torch (its c10 lines carry a time)."""
+    for seed in range(2, 40):
+        truth = simulate(cls, world_size=8, hosts=2, seed=seed, noise_lines=3, out=tmp_path / f"probe{seed}", start=START)
+        if tuple(int(x) for x in truth.software["torch"].split(".")) >= minimum:
+            return seed
+    raise AssertionError("no seed with that torch")
 
 
 def _plain_lines(root: Path, truth: Truth) -> dict[str, list[str]]:
@@ -55,7 +60,7 @@ def _seconds(m: re.Match[str]) -> float:
     return int(m[2]) * 3600 + int(m[3]) * 60 + int(m[4]) + int(m[5]) / 1e6
 
 
-def test_demo_truth_matches_the_logs(tmp_path: Path, ruleset: RuleSet) -> None:
+def test_demo_truth_matches_the_logs(tmp_path: Path) -> None:
     truth = simulate_demo(tmp_path, start=START)
 
     assert truth == read_truth(tmp_path)
@@ -101,24 +106,52 @@ def test_collateral_same_seq_everywhere_but_the_initiator(tmp_path: Path) -> Non
     assert set(completed.values()) == {(seq, seq, seq - 1)}
 
 
-def test_failure_lines_come_from_the_rule_and_carry_the_initiator(tmp_path: Path, ruleset: RuleSet) -> None:
-    truth = simulate("cuda_oom", world_size=16, hosts=4, seed=4, noise_lines=5, out=tmp_path, start=START,
-                     ruleset=ruleset)
-    assert truth.rule is not None and truth.failure_lines
-    index = next(i for i, lr in enumerate(ruleset.rules) if lr.rule.id == truth.rule)
-    matcher = Matcher(ruleset)
-    host_lines = _plain_lines(tmp_path, truth)[str(truth.initiator.host)]
-    written = [ln for ln in host_lines if ln.startswith(f"[rank{truth.initiator.rank}]:") and matcher.matches(index, ln)]
-    assert written, "the initiator's failure line is not in its host's log"
-    assert all(f"[rank{truth.initiator.rank}]: " + fl in host_lines for fl in truth.failure_lines)
-    # The example's own identity ("[rank37]:" in the rule file) was replaced, not kept.
-    other_hosts = [ln for h, lines in _plain_lines(tmp_path, truth).items() if h != truth.initiator.host for ln in lines]
-    assert not any(matcher.matches(index, ln) for ln in other_hosts)
+def test_the_oom_is_a_training_steps_allocator_error_on_the_initiator(tmp_path: Path) -> None:
+    truth = simulate("cuda_oom", world_size=16, hosts=4, seed=4, noise_lines=5, out=tmp_path, start=START)
+    (headline,) = truth.failure_lines
+    assert "CUDA out of memory" in headline or "CUDA error: out of memory" in headline
+    assert "KV cache" not in headline and "cache blocks" not in headline  # not an inference engine's error
+    lines = _plain_lines(tmp_path, truth)
+    own = [ln for ln in lines[str(truth.initiator.host)] if ln.startswith(f"[rank{truth.initiator.rank}]:")]
+    text = "\n".join(own)
+    assert f"[rank{truth.initiator.rank}]: {headline}" in text
+    assert "Traceback (most recent call last):" in text and ("train_step" in text or "backward" in text)
+    others = [ln for h, host_lines in lines.items() for ln in host_lines if "out of memory" in ln and
+              not ln.startswith(f"[rank{truth.initiator.rank}]:")]
+    assert others == []
+
+
+def test_every_class_has_a_story_and_no_rule_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lines are the simulator's own: with the rule loader broken, every class still simulates."""
+    import correlator.diagnosis.rules as rules
+
+    def no_rules(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the simulator read the rule library")
+
+    monkeypatch.setattr(rules, "load_ruleset", no_rules)
+    assert set(STORIES) == set(classes()) and len(classes()) == 48
+    for cls in classes():
+        truth = simulate(cls, world_size=8, hosts=2, seed=1, noise_lines=3, out=tmp_path / cls, start=START)
+        assert truth.class_ == cls and truth.files, cls
+        assert truth.failure_lines or truth.mode == "hang", cls
+
+
+def test_lines_are_dated_now_by_default(tmp_path: Path) -> None:
+    before = time.time()
+    truth = simulate("cuda_oom", world_size=8, hosts=2, seed=3, noise_lines=3, out=tmp_path)
+    assert truth.failure_ts is not None
+    failed = datetime.fromisoformat(truth.failure_ts.replace("Z", "+00:00")).timestamp()
+    assert before - 3600 < failed < time.time()  # the cascade (10 min timeout) ends just now
 
 
 def test_skew_is_applied_to_the_timestamps_lines_carry(tmp_path: Path) -> None:
-    truth = simulate("cuda_oom", world_size=32, hosts=4, seed=6, skew_max_s=3.0, noise_lines=4, out=tmp_path,
+    seed = _seed_with_torch(tmp_path, "cuda_oom", (2, 3))
+    seed += seed % 2  # an even seed: every host but the initiator's waits for the watchdog
+    truth = simulate("cuda_oom", world_size=32, hosts=4, seed=seed, skew_max_s=3.0, noise_lines=4, out=tmp_path / "s",
                      start=START)
+    if tuple(int(x) for x in truth.software["torch"].split(".")) < (2, 3):
+        pytest.skip("no timed watchdog lines for this seed")
+    tmp_path = tmp_path / "s"
     assert len(set(truth.skew_s.values())) == 4 and all(abs(v) <= 3.0 for v in truth.skew_s.values())
     assert max(truth.skew_s.values()) - min(truth.skew_s.values()) > 0.5
     # Watchdog timeouts of one collective fire at the same true time on every rank: the spread of each
@@ -170,10 +203,8 @@ def test_same_seed_same_bytes_other_seed_other_story(tmp_path: Path) -> None:
     assert a.skew_s != c.skew_s
 
 
-def test_all_ranks_class_has_no_single_initiator(tmp_path: Path, ruleset: RuleSet) -> None:
-    cls = next(c for c in ("torch_load_failed", "checkpoint_corruption", "model_state_dict_mismatch")
-               if any(r.class_ == c for r in ruleset.signatures()))
-    truth = simulate(cls, world_size=8, hosts=2, seed=0, out=tmp_path, start=START, ruleset=ruleset)
+def test_all_ranks_class_has_no_single_initiator(tmp_path: Path) -> None:
+    truth = simulate("checkpoint_corruption", world_size=8, hosts=2, seed=0, out=tmp_path, start=START)
     assert truth.initiator.all and truth.initiator.rank is None
     text = "\n".join(ln for lines in _plain_lines(tmp_path, truth).values() for ln in lines)
     ranks_failing = {int(m[1]) for m in re.finditer(r"^\[rank(\d+)\]: (?!Traceback| )", text, re.MULTILINE)}
@@ -195,15 +226,15 @@ def test_straggler_stops_logging_and_prints_no_watchdog(tmp_path: Path) -> None:
     # No error line from the straggler: at most the start marker every rank prints, and nothing after it.
     own = [ln for ln in lines if ln.startswith(f"[rank{rank}]:")]
     assert not any(re.search(r"Error|Exception|Traceback", ln) for ln in own)
-    if truth.failure_lines:
-        assert own[-1].endswith(truth.failure_lines[0])
-        assert sum(ln.endswith(truth.failure_lines[0]) for ln in lines) == 16
+    assert own and "step 5/" in own[-1]
 
 
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "plain"])
 def test_forwarder_formats_decode(tmp_path: Path, fmt: str) -> None:
     decoders = pytest.importorskip("ingest.decoders", reason="ingest.decoders is not installed")
-    truth = simulate("cuda_oom", world_size=16, hosts=4, seed=2, fmt=fmt, noise_lines=4, out=tmp_path, start=START)
+    seed = _seed_with_torch(tmp_path, "cuda_oom", (2, 3))
+    tmp_path = tmp_path / "f"
+    truth = simulate("cuda_oom", world_size=16, hosts=4, seed=seed, fmt=fmt, noise_lines=4, out=tmp_path, start=START)
     (path,) = [tmp_path / f for f in truth.files]
     events = []
     for raw in path.read_bytes().splitlines():
@@ -224,26 +255,6 @@ def test_forwarder_formats_decode(tmp_path: Path, fmt: str) -> None:
     assert medians[h1] - medians[h0] == pytest.approx(truth.skew_s[h1] - truth.skew_s[h0], abs=0.06)
     if fmt in ("fluentbit", "vector"):
         assert {e.job_id for e in ranked} == {truth.job_id}  # from the Kubeflow labels / pod names
-
-
-def test_split_example_strips_identity_and_time() -> None:
-    assert split_example("[rank37]: torch.OutOfMemoryError: CUDA out of memory.").text == (
-        "torch.OutOfMemoryError: CUDA out of memory."
-    )
-    glog = split_example("[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught")
-    assert (glog.text, glog.glog_level, glog.glog_srcloc) == ("[Rank 1] Watchdog caught", "E", "ProcessGroupNCCL.cpp:616")
-    kern = split_example("Dec  6 18:44:10 node04 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.")
-    assert kern.kernel and kern.text.startswith("NVRM: Xid")
-
-
-@pytest.mark.parametrize(
-    "pattern",
-    [r"Saving checkpoint to (?P<path>/\S+)", r"^step \d+ done\s*$", r"(?:save|Save)d? (ckpt|checkpoint) \[\d{2,}\]",
-     r"[^\n]{0,20}Loading (?:universal )?checkpoint"],
-)
-def test_sample_matching_produces_a_match(pattern: str) -> None:
-    text = sample_matching(pattern)
-    assert text is not None and re.search(pattern, text)
 
 
 def test_errors_are_explained(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class SimulateError(ValueError):
-    """A scenario that cannot be built (unknown class, no usable rule); the message says why."""
+    """A scenario that cannot be built (unknown class, bad layout); the message says why."""
 
 
 class TruthInitiator(BaseModel):
@@ -22,6 +22,7 @@ class TruthInitiator(BaseModel):
     gpu: str | None = None
     all: bool = Field(default=False, description="every rank failed the same way (a deterministic data/config error)")
     unknown: bool = Field(default=False, description="only consequences were logged; no line shows who started it")
+    host_only: bool = Field(default=False, description="a host's launcher failed before any rank existed")
 
 
 class Truth(BaseModel):
@@ -38,7 +39,12 @@ class Truth(BaseModel):
     hosts: list[str]
     format: str
     mode: str
-    rule: str | None = Field(default=None, description="rule whose examples gave the failure lines")
+    story: str = Field(default="", description="which variant of the class's story the logs tell")
+    accepted: list[str] = Field(default_factory=list,
+                                description="classes a diagnosis may name instead (the failure's own cause, logged too)")
+    software: dict[str, str] = Field(default_factory=dict, description="the job's Python, torch and NCCL releases")
+    attempt: int = Field(default=0, description="the torchelastic attempt (or requeued run) whose failure ended the job")
+    restart_class: str | None = Field(default=None, description="what failed in attempt 0, when the job restarted")
     failure_lines: list[str] = Field(default_factory=list)
     failure_ts: str | None = Field(default=None, description="true UTC time of the first failure line")
     files: list[str] = Field(default_factory=list)
