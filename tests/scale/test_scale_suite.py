@@ -136,7 +136,9 @@ def test_scale_suite(tmp_path: Path) -> None:
           f"largest job ({largest[0]} ranks) diagnosed in {largest[1]:.2f} s")
     for miss in known_misses + misses:
         print("  MISS", miss)
-    assert right + len(known_misses) >= 0.95 * len(all_jobs), "\n".join(misses)
+    # The target is 95%; today's engine reaches 24 of 28 (the misses are listed above, with their causes). The
+    # floor keeps it from getting worse, and no miss outside the known list is accepted.
+    assert not misses, "\n".join(misses)
     assert right >= 0.8 * len(all_jobs), "\n".join(known_misses + misses)
     assert largest[1] < 120.0, f"the {largest[0]}-rank job took {largest[1]:.1f} s to diagnose (target < 30 s)"
 

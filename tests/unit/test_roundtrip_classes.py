@@ -26,17 +26,14 @@ CLASSES = sorted(classes())
 SEEDS = range(int(os.environ.get("ROOTRANK_ROUNDTRIP_SEEDS", "3")))
 JSON_FORMATS = [f for f in FORMATS if f != "plain"]
 
-_CROSS_WINDOW = ("a sequence rule's marker is only looked for in the failure's own window/attempt: the ENOSPC of "
-                 "attempt 0 does not make attempt 1's load error a partial save")
 _UNTIMED = ("torch 2.1's watchdog lines carry no time: each takes its file's previous timestamp (the last progress "
             "line, before the failure), so the timeouts 10 minutes after the cause look earlier than it and the cause "
             "is dropped as 'after the cascade'; the missing rank is then named as a straggler")
 KNOWN_ENGINE_MISSES: dict[tuple[str, int | None], str] = {
-    ("partial_checkpoint_save", None): _CROSS_WINDOW,
-    ("checkpoint_torn_write", None): (
+    **{("checkpoint_torn_write", seed): (
         "the launcher-teardown aggregate of the preempted run and of the requeued run (2.5 h later, same files) is one "
         "aggregate, so both runs form one window; the requeued run's load errors come after collateral they do not "
-        "explain and are dropped: the incident is launcher_teardown with no initiator"),
+        "explain and are dropped: the incident is launcher_teardown with no initiator") for seed in (1, 2)},
     ("host_oom_kill", 0): (
         "torch 2.1's c10 lines carry no time: a ring peer's 'remote process exited' line takes its file's previous "
         "timestamp (a progress line before the kill), so the kernel's OOM kill looks later than that collateral"),
