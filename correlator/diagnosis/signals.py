@@ -13,6 +13,7 @@ from ingest.event import LogEvent
 # Fields a rule may extract that describe *who* failed; they override the identity of the line's writer
 # (a launcher line "local_rank: 5 (pid: 2630) failed" is written by the agent, about local rank 5).
 IDENTITY_FIELDS = ("rank", "local_rank", "pid", "gpu", "host")
+TIME_BORROWED = "time_borrowed"  # field of a signal whose line had no time: `ts` is an earlier line's (a lower bound)
 DEFAULT_GROUPS = (0, "0", "default_pg")
 
 
@@ -62,8 +63,10 @@ class SignalExtractor:
         self.rules = self.matcher.rules
         self._roles = [ruleset.role_of(rule) for rule in self.rules]
 
-    def signal_for(self, event: LogEvent, hit: Hit, order: int, *, raw: str | None = None) -> Signal:
-        """`raw` is the line as it was scanned (prefixes included), used for extraction when given."""
+    def signal_for(self, event: LogEvent, hit: Hit, order: int, *, raw: str | None = None,
+                   time_borrowed: bool = False) -> Signal:
+        """`raw` is the line as it was scanned (prefixes included), used for extraction when given.
+        `time_borrowed`: the line has no time of its own; its `ts` is an earlier line's, a lower bound."""
         rule = self.rules[hit.rule_index]
         text = event.line
         identity: dict[str, object] = {
@@ -102,6 +105,8 @@ class SignalExtractor:
                 fields["progress"] = 1
         if rule.kind == "fact" and rule.fact is not None:
             fields["fact"] = rule.fact
+        if time_borrowed:
+            fields[TIME_BORROWED] = 1
         if event.truncated or len(text) > MAX_EVIDENCE_LINE:
             # The line was cut (by the forwarder, the decoder, or to the evidence cap just below).
             fields["truncated"] = 1

@@ -269,13 +269,14 @@ class Diagnoser:
         pairs = best_hits_per_line([(h.start, h) for h in hits], self.matcher.rules)
         out: list[Signal] = []
         lines_hit = 0
-        cache: dict[int, tuple[LogEvent, str]] = {}
+        cache: dict[int, tuple[LogEvent, str, bool]] = {}
         for start, hit in pairs:
             if start not in cache:
                 lines_hit += 1
                 cache[start] = self._event_for_line(body, hit, base, name, path_hints, job_id)
-            event, raw = cache[start]
-            out.append(self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + start, raw=raw))
+            event, raw, borrowed = cache[start]
+            out.append(self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + start, raw=raw,
+                                                 time_borrowed=borrowed))
         return out, lines_hit, acc
 
     def _routine_signals(
@@ -295,8 +296,9 @@ class Diagnoser:
         progress: list[Signal] = []
         metric: list[Signal] = []
         for hit, low in self.routine.winners(body, hi, acc):
-            event, raw = self._event_for_line(body, hit, base, name, path_hints, job_id)
-            signal = self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + hit.start, raw=raw)
+            event, raw, borrowed = self._event_for_line(body, hit, base, name, path_hints, job_id)
+            signal = self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + hit.start, raw=raw,
+                                               time_borrowed=borrowed)
             if low is not None and "metric" in signal.fields:
                 signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
                 metric.append(signal)
@@ -313,7 +315,8 @@ class Diagnoser:
 
     def _event_for_line(
         self, body: Buffer, hit: Hit, base: int, name: str, path_hints: dict[str, str | int], job_id: str
-    ) -> tuple[LogEvent, str]:
+    ) -> tuple[LogEvent, str, bool]:
+        """The line's event, its text as scanned, and whether its time was borrowed from an earlier line."""
         raw = body[hit.start : hit.end].decode("utf-8", "replace").rstrip("\r")
         if "\r" in raw or "|" in raw:
             segments = split_glued(raw)
@@ -338,7 +341,7 @@ class Diagnoser:
             offset=base + hit.start,
             line=ident.text,
         )
-        return event, raw
+        return event, raw, ident.ts is None and ts is not None
 
     @staticmethod
     def _lines_before(body: Buffer, start: int) -> Iterator[str]:

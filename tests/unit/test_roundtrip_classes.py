@@ -8,7 +8,7 @@ when every rank fails the same way, just the class; the host, when a launcher fa
 A failure message says what was simulated and what came back.
 
 KNOWN_ENGINE_MISSES are scenarios the engine gets wrong today (reported to the engine's owner, kept here
-as expected failures so that a fix shows up as XPASS).
+as strict expected failures: a fix fails the suite until its entry goes).
 
 ROOTRANK_ROUNDTRIP_SEEDS=N runs N seeds per class (default 3).
 """
@@ -26,19 +26,11 @@ CLASSES = sorted(classes())
 SEEDS = range(int(os.environ.get("ROOTRANK_ROUNDTRIP_SEEDS", "3")))
 JSON_FORMATS = [f for f in FORMATS if f != "plain"]
 
-_UNTIMED = ("torch 2.1's watchdog lines carry no time: each takes its file's previous timestamp (the last progress "
-            "line, before the failure), so the timeouts 10 minutes after the cause look earlier than it and the cause "
-            "is dropped as 'after the cascade'; the missing rank is then named as a straggler")
 KNOWN_ENGINE_MISSES: dict[tuple[str, int | None], str] = {
-    **{("checkpoint_torn_write", seed): (
+    ("checkpoint_torn_write", 1): (
         "the launcher-teardown aggregate of the preempted run and of the requeued run (2.5 h later, same files) is one "
         "aggregate, so both runs form one window; the requeued run's load errors come after collateral they do not "
-        "explain and are dropped: the incident is launcher_teardown with no initiator") for seed in (1, 2)},
-    ("host_oom_kill", 0): (
-        "torch 2.1's c10 lines carry no time: a ring peer's 'remote process exited' line takes its file's previous "
-        "timestamp (a progress line before the kill), so the kernel's OOM kill looks later than that collateral"),
-    **{(cls, 2): _UNTIMED for cls in ("dataloader_worker_killed", "deepspeed_checkpoint_hang", "gpu_hardware_error",
-                                      "network_fabric_error")},
+        "explain and are dropped: the incident is launcher_teardown with no initiator"),
     ("nccl_reduce_scatter_sdc", 1): (
         "nccl-tests' untimed lines: rank 0's summary row (nccl-tests-size-row-wrong, names no rank) and the faulty "
         "rank's 'rank=N #wrong=M' are ordered by their files' previous timestamps; the row wins"),
@@ -73,7 +65,7 @@ def _params() -> list[object]:
     for cls in CLASSES:
         for seed in SEEDS:
             reason = KNOWN_ENGINE_MISSES.get((cls, seed)) or KNOWN_ENGINE_MISSES.get((cls, None))
-            marks = [pytest.mark.xfail(reason=f"engine: {reason}", strict=False)] if reason else []
+            marks = [pytest.mark.xfail(reason=f"engine: {reason}", strict=True)] if reason else []
             out.append(pytest.param(cls, seed, marks=marks, id=f"{cls}-{seed}"))
     return out
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from correlator.diagnosis.engine.state import Aggregate, time_of
+from correlator.diagnosis.engine.state import Aggregate, has_own_time
 from correlator.diagnosis.models import Signal
 from correlator.diagnosis.rules import TIER_BOUNDARIES, Rule
 
@@ -93,6 +93,10 @@ class Causality:
             # Untimed lines: order within one file is the only clock.
             return cause.signal.file != other.signal.file or cause.order <= other.order
         delay = other.t - cause.t
+        if not has_own_time(other.signal):
+            # Its time is an earlier line's, a lower bound: it may have come any time after that.
+            same_file_before = cause.signal.file == other.signal.file and cause.order > other.order
+            return not same_file_before and delay <= self.horizon(cause)
         return -self.tolerance_s <= delay <= self.horizon(cause)
 
     def explained_by(self, nodes: list[Node], explainers: list[Node]) -> dict[int, Node | None]:
@@ -114,10 +118,10 @@ class Causality:
     def after_the_cascade(self, candidate: Node, nodes: list[Node]) -> bool:
         """A candidate that comes after consequences it does not explain did not start them: a hardware
         error an hour after the job died, an exception raised while the job was already tearing down."""
-        if candidate.t is None or time_of(candidate.signal) is None:
+        if candidate.t is None or not has_own_time(candidate.signal):
             return False  # an untimed line only has its file's time: too coarse to put it after anything
         for node in nodes:
-            if node is candidate or node.t is None or self.role(node) != "collateral" or time_of(node.signal) is None:
+            if node is candidate or node.t is None or self.role(node) != "collateral" or not has_own_time(node.signal):
                 continue
             if node.attempt == candidate.attempt and node.t + self.tolerance_s < candidate.t \
                     and not self.explains(candidate, node):

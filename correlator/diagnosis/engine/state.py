@@ -44,6 +44,11 @@ def time_of(signal: Signal) -> float | None:
     return ts.timestamp() if ts is not None else None
 
 
+def has_own_time(signal: Signal) -> bool:
+    """The line carried its time (or a forwarder stamped it); not one borrowed from an earlier line."""
+    return time_of(signal) is not None and not signal.fields.get("time_borrowed")
+
+
 def sort_key(signal: Signal) -> tuple[float, int]:
     t = time_of(signal)
     return (t if t is not None else float("inf"), signal.order)

@@ -52,6 +52,31 @@ def test_hardware_error_an_hour_after_the_job_died_is_not_the_initiator(
     assert "missing" in primary.confidence_reason
 
 
+def test_a_line_without_its_own_time_is_not_put_before_the_cause_it_followed(tmp_path: Path) -> None:
+    """torch 2.1 writes its watchdog lines without a time. Rank 5 runs out of memory at 09:31 (a timed line);
+    the other ranks' timeouts follow ten minutes later, but the last timed line before each of them is a
+    training step at 09:30. That borrowed time is only a lower bound: the OOM still explains the timeouts.
+    (Off: the timeouts read as 09:30, before the OOM, which is dropped as 'after the cascade'.)"""
+    from correlator.offline.diagnose import diagnose_paths
+
+    paths = []
+    for rank in range(8):
+        lines = [f"[rank{rank}]:2026-03-14 09:30:{10 + rank:02d},100 - INFO - step 120/5000 | loss 2.31"]
+        if rank == 5:
+            lines.append(f"[rank{rank}]:2026-03-14 09:31:02,517 - ERROR - torch.OutOfMemoryError: CUDA out of memory. "
+                         "Tried to allocate 2.00 GiB. GPU 5 has a total capacity of 79.14 GiB of which 1.19 GiB is free.")
+        else:
+            lines.append(f"[rank{rank}]:[E ProcessGroupNCCL.cpp:475] [Rank {rank}] Watchdog caught collective operation "
+                         "timeout: WorkNCCL(SeqNum=5121, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, "
+                         "Timeout(ms)=600000) ran for 600321 milliseconds before timing out.")
+        path = tmp_path / f"rank-{rank}.log"
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(str(path))
+    primary = diagnose_paths(paths, job_id="untimed")[0]
+    assert (primary.class_, primary.initiator.rank) == ("cuda_oom", 5)
+    assert [c.class_ for c in primary.collateral] == ["nccl_timeout"]
+
+
 def _custom_engine(tmp_path: Path, rules: dict[str, str]) -> tuple[Engine, SignalExtractor]:
     root = tmp_path / "rules"
     (root / "test").mkdir(parents=True)
