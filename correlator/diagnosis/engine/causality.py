@@ -94,9 +94,10 @@ class Causality:
             return cause.signal.file != other.signal.file or cause.order <= other.order
         delay = other.t - cause.t
         if not has_own_time(other.signal):
-            # Its time is an earlier line's, a lower bound: it may have come any time after that.
+            # Its time is an earlier line's, a lower bound: it may have come after the cause even when that bound
+            # is before it, but not by more than a horizon (an error an hour later explains nothing before it).
             same_file_before = cause.signal.file == other.signal.file and cause.order > other.order
-            return not same_file_before and delay <= self.horizon(cause)
+            return not same_file_before and -self.horizon(cause) <= delay <= self.horizon(cause)
         return -self.tolerance_s <= delay <= self.horizon(cause)
 
     def explained_by(self, nodes: list[Node], explainers: list[Node]) -> dict[int, Node | None]:

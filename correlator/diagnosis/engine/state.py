@@ -54,10 +54,12 @@ def sort_key(signal: Signal) -> tuple[float, int]:
     return (t if t is not None else float("inf"), signal.order)
 
 
-def sample_key(signal: Signal) -> tuple[float, int, str, int, str, str]:
-    """`sort_key` made total: lines of different files with the same time and line number still compare."""
-    t, order = sort_key(signal)
-    return (t, order, signal.host or "", -1 if signal.rank is None else signal.rank, signal.file or "", signal.line)
+def sample_key(signal: Signal) -> tuple[float, str, int, str]:
+    """The order of an aggregate's sample lines, total and the same offline and streamed: a line's own time
+    (not one borrowed from an earlier line offline, nor a forwarder's receive time when streamed), then who
+    wrote it and its text."""
+    own = signal.ts.timestamp() if signal.ts is not None and not signal.fields.get("time_borrowed") else float("inf")
+    return (own, signal.host or "", -1 if signal.rank is None else signal.rank, signal.line)
 
 
 def process_key(signal: Signal) -> str:
