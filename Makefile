@@ -27,7 +27,7 @@ unit: install
 demo: install
 	$(PY) -m correlator.tooling.demo
 
-bench: install
+bench: install sysdeps
 	$(PY) -m benchmarks.run
 
 fuzz: install
