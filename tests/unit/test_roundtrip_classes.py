@@ -27,10 +27,6 @@ SEEDS = range(int(os.environ.get("ROOTRANK_ROUNDTRIP_SEEDS", "3")))
 JSON_FORMATS = [f for f in FORMATS if f != "plain"]
 
 KNOWN_ENGINE_MISSES: dict[tuple[str, int | None], str] = {
-    ("checkpoint_torn_write", 1): (
-        "the launcher-teardown aggregate of the preempted run and of the requeued run (2.5 h later, same files) is one "
-        "aggregate, so both runs form one window; the requeued run's load errors come after collateral they do not "
-        "explain and are dropped: the incident is launcher_teardown with no initiator"),
     ("nccl_reduce_scatter_sdc", 1): (
         "nccl-tests' untimed lines: rank 0's summary row (nccl-tests-size-row-wrong, names no rank) and the faulty "
         "rank's 'rank=N #wrong=M' are ordered by their files' previous timestamps; the row wins"),

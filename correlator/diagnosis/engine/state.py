@@ -36,6 +36,7 @@ MAX_RESTARTS = 256
 MAX_METRIC_PROCESSES = 64
 MAX_MARKERS_PER_RULE = 32  # per metric rule: the highest and the lowest peaks
 RESTART_CLUSTER_S = 120.0  # every agent of one restart logs it within this long
+RELAUNCH_MIN_S = 60.0  # a process's default group created again this long after the first time: a new run
 _PER_RULE = {"collateral": 4, "either": 32, "cause": 64}
 
 
@@ -214,6 +215,7 @@ class Restart(BaseModel):
     # where an untimed restart line stood: lines after it in the same file are of the next attempt
     file: str | None = None
     order: int | None = None
+    inferred: bool = False  # from a process creating its default group again, not from a launcher's line
 
     def before(self, t: float | None, host: str | None, file: str | None, order: int | None) -> bool:
         """Whether a line at (t, host) or (file, order) came after this restart."""
@@ -235,6 +237,7 @@ class JobState(BaseModel):
     identity: dict[str, int] = Field(default_factory=dict)  # "host|p<pid>" / "host|l<local>" / "host|b<bus>" -> rank
     world_size: int | None = None
     restarts: list[Restart] = Field(default_factory=list)
+    inits: dict[str, float] = Field(default_factory=dict)  # "r<rank>" -> its first default-group init line's time
     completions: list[Mark] = Field(default_factory=list)
     progress: dict[str, Mark] = Field(default_factory=dict)  # process key -> its latest progress line
     anchors: dict[str, dict[str, float]] = Field(default_factory=dict)  # shared event -> host -> first time
@@ -505,7 +508,7 @@ class JobState(BaseModel):
             self._anchor(f"init:{comm}", signal.host, time_of(signal))  # type: ignore[arg-type]
         return True
 
-    def _note_restart(self, t: float | None, restart_count: object, signal: Signal) -> bool:
+    def _note_restart(self, t: float | None, restart_count: object, signal: Signal, inferred: bool = False) -> bool:
         """One restart is logged by every agent within seconds: those lines are one restart."""
         count = restart_count if isinstance(restart_count, int) else None
         for restart in self.restarts:
@@ -523,11 +526,13 @@ class JobState(BaseModel):
                         restart.hosts[host] = min(restart.hosts.get(host, t), t)
                 if restart.restart_count is None and count is not None:
                     restart.restart_count = count
+                restart.inferred = restart.inferred and inferred
                 return False
         if len(self.restarts) >= MAX_RESTARTS:
             return False
         hosts = {signal.host or "": t} if t is not None else {}
-        self.restarts.append(Restart(ts=t, restart_count=count, hosts=hosts, file=signal.file, order=signal.order))
+        self.restarts.append(Restart(ts=t, restart_count=count, hosts=hosts, file=signal.file, order=signal.order,
+                                     inferred=inferred))
         self.restarts.sort(key=lambda r: (r.ts if r.ts is not None else float("inf"), r.order or 0))
         return True
 
@@ -539,6 +544,8 @@ class JobState(BaseModel):
             # not say which (a watchdog line without the PG prefix; the same process's next line names it).
             return False
         pg = pg_of(signal) or "0"
+        if pg in ("0", "default_pg") and isinstance(f.get("pg_size"), int) and signal.rank is not None and t is not None:
+            self._note_relaunch(signal, t)
         key = f"{self.attempt_of(signal)}:{pg}"
         group = self.groups.get(key)
         if group is None:
@@ -579,6 +586,24 @@ class JobState(BaseModel):
         if isinstance(timeout, int):
             group.timeout_ms = max(group.timeout_ms or 0, timeout)
         return True
+
+    def _note_relaunch(self, signal: Signal, t: float) -> None:
+        """A process creates the default process group once per run: the same global rank creating it again
+        later was launched again (a Slurm requeue, a re-submitted job, an agent restart whose own line is not
+        in the logs). That is a restart, at the host's second init line, unless one is known in between."""
+        key = f"r{signal.rank}"
+        first = self.inits.get(key)
+        if first is None:
+            if len(self.inits) < MAX_PROCESSES:
+                self.inits[key] = t
+            return
+        early, late = (first, t) if t >= first else (t, first)
+        self.inits[key] = early
+        if late - early < RELAUNCH_MIN_S or any(
+            not r.inferred and r.ts is not None and early < r.ts <= late for r in self.restarts
+        ):
+            return  # the launcher logged this restart: its own line splits the host
+        self._note_restart(late, None, signal, inferred=True)  # joins the same relaunch seen on other hosts
 
     def _evict_quiet_group(self) -> bool:
         """Room for a group that reports a failure: the first-known group nobody reported in goes (its

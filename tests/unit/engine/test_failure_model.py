@@ -171,6 +171,25 @@ def test_each_attempt_gets_its_incident_and_the_last_failing_one_is_primary(
     assert incidents[0].incident_id != incidents[1].incident_id
 
 
+def test_a_relaunch_no_launcher_line_records_is_a_new_attempt(engine: Engine, extractor: SignalExtractor) -> None:
+    """Slurm requeues a preempted job 2.5 h later into the same files; no agent logs a restart, but every
+    process creates its default process group again. Run 0 was torn down (SIGTERM to every worker); run 1's
+    rank 5 runs out of memory and its peers time out. (Off: one attempt -> run 0's teardown and run 1's
+    failures are one cascade, and the OOM, coming after collateral it cannot explain, is dropped.)"""
+    job = JobBuilder(seed=41)
+    for r in range(job.world):
+        job.pg_init(r, 2.0, pg=0, pg_rank=r, size=job.world)
+    job.teardown(3000.0)
+    relaunch = 3000.0 + 9000.0
+    for r in range(job.world):
+        job.pg_init(r, relaunch + job.rng.uniform(0, 2), pg=0, pg_rank=r, size=job.world)
+    job.emit(5, relaunch + 300.0, OOM.format(r=5, d=5))
+    _all_timeouts(job, relaunch + 900.0, seq=77, skip={5})
+    job.teardown(relaunch + 905.0)
+    primary = run(engine, extractor, list(job.events))[0]
+    assert (primary.attempt, primary.class_, primary.initiator.rank) == (1, "cuda_oom", 5)
+
+
 # --- 3. recovery -----------------------------------------------------------------------------------
 
 
