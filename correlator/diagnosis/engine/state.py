@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from correlator.diagnosis.engine.rankset import RankSet
 from correlator.diagnosis.models import Signal
+from correlator.diagnosis.signals import DEFAULT_GROUPS, TIME_BORROWED
 
 MAX_SIGNALS = 512  # individual signals (causes, markers, metric peaks) per job
 MAX_AGGREGATES = 128
@@ -47,7 +48,7 @@ def time_of(signal: Signal) -> float | None:
 
 def has_own_time(signal: Signal) -> bool:
     """The line carried its time (or a forwarder stamped it); not one borrowed from an earlier line."""
-    return time_of(signal) is not None and not signal.fields.get("time_borrowed")
+    return time_of(signal) is not None and not signal.fields.get(TIME_BORROWED)
 
 
 def sort_key(signal: Signal) -> tuple[float, int]:
@@ -59,7 +60,7 @@ def sample_key(signal: Signal) -> tuple[float, str, int, str]:
     """The order of an aggregate's sample lines, total and the same offline and streamed: a line's own time
     (not one borrowed from an earlier line offline, nor a forwarder's receive time when streamed), then who
     wrote it and its text."""
-    own = signal.ts.timestamp() if signal.ts is not None and not signal.fields.get("time_borrowed") else float("inf")
+    own = signal.ts.timestamp() if signal.ts is not None and not signal.fields.get(TIME_BORROWED) else float("inf")
     return (own, signal.host or "", -1 if signal.rank is None else signal.rank, signal.line)
 
 
@@ -544,7 +545,7 @@ class JobState(BaseModel):
             # not say which (a watchdog line without the PG prefix; the same process's next line names it).
             return False
         pg = pg_of(signal) or "0"
-        if pg in ("0", "default_pg") and isinstance(f.get("pg_size"), int) and signal.rank is not None and t is not None:
+        if pg in DEFAULT_GROUPS and isinstance(f.get("pg_size"), int) and signal.rank is not None and t is not None:
             self._note_relaunch(signal, t)
         key = f"{self.attempt_of(signal)}:{pg}"
         group = self.groups.get(key)
