@@ -82,7 +82,9 @@ class Matcher:
                     else:
                         main.append((expr_id, pattern.encode("utf-8"), pattern_flags(rule.caseless)))
         self._frequent: list[bool] = [e.role == "end" for e in self.exprs]
-        self._extractors: list[list[re.Pattern[str]]] | None = None  # compiled on first use (start-up)
+        # compiled per rule on its first hit: a small log hits a handful of the rules, and compiling
+        # them all was most of a one-line diagnosis
+        self._extractors: dict[int, list[re.Pattern[str]]] = {}
         self.db = self._load_or_compile(main, use_cache)
         # Routine ids start after the expression ids, so scan_raw's output says which database hit.
         self.routine_base = len(self.exprs)
@@ -285,9 +287,10 @@ class Matcher:
     def extract(self, rule_index: int, text: str) -> dict[str, str]:
         """Named groups of the rule's patterns and `extract` regexes found in one line."""
         fields: dict[str, str] = {}
-        if self._extractors is None:
-            self._extractors = [self._compile_extractors(r) for r in self.rules]
-        for compiled in self._extractors[rule_index]:
+        compiled_list = self._extractors.get(rule_index)
+        if compiled_list is None:
+            compiled_list = self._extractors[rule_index] = self._compile_extractors(self.rules[rule_index])
+        for compiled in compiled_list:
             m = compiled.search(text)
             if m:
                 for name, value in m.groupdict().items():
