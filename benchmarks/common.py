@@ -198,3 +198,50 @@ def consume_all(bootstrap: str, topic: str, expect: int, timeout: float = 300.0)
 
 def counter(metrics: dict[str, float], name: str) -> float:
     return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
+
+
+def fluentbit_plain_value(at: float, line: str, *, host: str, job: str, stream: str = "stderr") -> bytes:
+    """One line as Fluent Bit's kafka output sends it with `Format json` and no kubernetes filter
+    (about 200 bytes for a 100-byte line): the tail input's `log` (with its trailing newline, as the
+    docker parser keeps it from Docker's json-file log) and `stream`, the kafka output's default `timestamp_key` `@timestamp`
+    (a float of epoch seconds, `timestamp_format double`), and `hostname` and `job_id` added by a
+    record_modifier filter (`Record hostname ${HOSTNAME}`, `Record job_id ${JOB_ID}`)."""
+    return orjson.dumps({"@timestamp": round(at, 6), "log": line + "\n", "stream": stream, "hostname": host,
+                         "job_id": job})
+
+
+def aiokafka_consume_all(bootstrap: str, topic: str, expect: int, timeout: float = 300.0,
+                         max_records: int = 10_000) -> dict[str, float]:
+    """Read `expect` messages of `topic` from the beginning with a raw aiokafka `getmany` loop (no
+    group), doing nothing but counting them: the ceiling for an asyncio Python worker. Timed from the
+    first batch that holds records to the last (the first batch's records are not counted, as the
+    worker's first counted batch is not): {"messages", "timed_messages", "wall_s", "cpu_s"} (CPU of
+    this process over the same interval)."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+
+    async def run() -> dict[str, float]:
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                    auto_offset_reset="earliest", fetch_max_bytes=64 * MiB,
+                                    max_partition_fetch_bytes=16 * MiB, client_id="rootrank-bench-aiokafka-raw")
+        await consumer.start()
+        try:
+            n = first = 0
+            t_first = t_last = cpu_first = cpu_last = 0.0
+            deadline = time.monotonic() + timeout
+            while n < expect and time.monotonic() < deadline:
+                batches = await consumer.getmany(timeout_ms=500, max_records=max_records)
+                got = sum(len(records) for records in batches.values())
+                if not got:
+                    continue
+                if n == 0:
+                    t_first, cpu_first, first = time.perf_counter(), self_cpu_s(), got
+                n += got
+                t_last, cpu_last = time.perf_counter(), self_cpu_s()
+            return {"messages": float(n), "timed_messages": float(n - first), "wall_s": t_last - t_first,
+                    "cpu_s": cpu_last - cpu_first}
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())

@@ -5,6 +5,7 @@
   3. latency      last line -> incident on the topic / in ES / at the webhook vs the quiet window (bench_latency)
   4. state        1,000 jobs x 64 ranks: RSS, and correlation cost vs lines (bench_state)
   5. offline      `rootrank diagnose` MB/s vs grep and ripgrep on the same file (bench_matcher, same run as 1)
+  6. stream       500,000 one-line Fluent Bit messages: one worker vs a raw aiokafka getmany loop (bench_stream_rate)
 
 Each benchmark runs in a process of its own, so one's memory (the 1 GB log, a fork pool) never shows
 in another's figures (the state benchmark measures RSS). The machine is shared and noisy: compare
@@ -50,12 +51,19 @@ def _state(quick: bool) -> Any:
     return bench_state.main(["--quick"] if quick else [])
 
 
+def _stream(quick: bool) -> Any:
+    from benchmarks import bench_stream_rate
+
+    return bench_stream_rate.main(["--quick"] if quick else [])
+
+
 # name -> runner; "offline" (5) is printed by the matcher benchmark, which times diagnose on the same file.
 BENCHMARKS: dict[str, Callable[[bool], Any]] = {
     "matcher": _matcher,
     "end-to-end": _end_to_end,
     "latency": _latency,
     "state": _state,
+    "stream": _stream,
 }
 
 
