@@ -77,6 +77,10 @@ class EngineSettings(BaseModel):
         "holds the loop about 0.4 s)",
     )
     batch_within_s: float = Field(default=0.2, description="longest wait to fill a match batch")
+    match_max_records: int = Field(
+        default=20_000, description="most records the match role takes from one fetch (one getmany) and matches "
+        "as one batch, in runs of scan_max_bytes",
+    )
     max_value_bytes: int = Field(
         default=4 * 1024 * 1024, description="raw messages larger than this go to the dead-letter topic"
     )

@@ -86,6 +86,9 @@ class Matcher:
         # them all was most of a one-line diagnosis
         self._extractors: dict[int, list[re.Pattern[str]]] = {}
         self.db = self._load_or_compile(main, use_cache)
+        self.use_cache = use_cache
+        self.main_expressions = main  # (id, pattern, flags): what `db` was compiled from
+        self.json_prefilter_db: hyperscan.Database | None = None  # built on first use (json_prefilter)
         # Routine ids start after the expression ids, so scan_raw's output says which database hit.
         self.routine_base = len(self.exprs)
         self.routine_expand: list[tuple[int, ...]] = []  # routine id - base -> the expr ids it stands for
@@ -112,6 +115,7 @@ class Matcher:
             self.routine_metric.append(False)
             self.routine_value.append((None, ""))
         self.routine_db = self._load_or_compile(routine, use_cache) if routine else None
+        self.routine_expressions = routine
         self._local = threading.local()
         if use_cache:
             store_databases(ruleset, self._new_databases)
@@ -200,6 +204,16 @@ class Matcher:
         finally:
             view.release()
         return hits, routine
+
+    def json_prefilter(self) -> hyperscan.Database:
+        """Every expression of both databases (same ids) in the form `prefilter.json_string_edges` gives
+        it, for scanning raw one-line JSON values: built on first use, cached on disk like the others."""
+        if self.json_prefilter_db is None:
+            from correlator.diagnosis.prefilter import json_string_edges
+
+            exprs = [(i, json_string_edges(p), f) for i, p, f in [*self.main_expressions, *self.routine_expressions]]
+            self.json_prefilter_db = self._load_or_compile(exprs, self.use_cache)
+        return self.json_prefilter_db
 
     def _scratch(self) -> tuple[hyperscan.Scratch, hyperscan.Scratch | None]:
         """Scratch space for the two databases, one pair per thread (hyperscan releases the GIL while it

@@ -15,7 +15,7 @@ import gc
 import logging
 import time
 from bisect import bisect_right
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -24,9 +24,16 @@ import orjson
 from prometheus_client import Counter
 
 from correlator.diagnosis.models import Signal
+from correlator.diagnosis.prefilter import JsonScreen
 from correlator.diagnosis.signals import SignalExtractor
 from correlator.stream import metrics
-from ingest.decoders import DecodedLines, DecodeError, RawRecord, decode_lines, to_event
+from ingest.decoders import (
+    DecodedLines,
+    DecodeError,
+    RawRecord,
+    decode_lines,
+    to_event,
+)
 from ingest.event import LogEvent
 from ingest.ship.wire_format import SHIP_SOURCE
 
@@ -142,14 +149,26 @@ class MatchProcessor:
         invalid_utf8: str = "deadletter",
         job_path_regex: str | None = None,
         deadletter_max_raw_bytes: int = DEADLETTER_MAX_RAW_BYTES,
+        prefilter: bool = True,
     ) -> None:
         self.extractor = extractor
         self.deadletter_max_raw_bytes = deadletter_max_raw_bytes
         self.max_value_bytes = max_value_bytes
         self.reject_invalid_utf8 = invalid_utf8 == "deadletter"
         self.job_path_regex = job_path_regex
+        # One-line JSON values are screened by a raw scan before any is decoded (screen_one_line_json).
+        self.prefilter = prefilter
+        self.json_screen: JsonScreen | None = None
 
-    def _lines_of(self, message: RawMessage) -> DecodedLines:
+    @property
+    def screen(self) -> JsonScreen:
+        """The raw screen of the current rules (a hot reload re-points `extractor`)."""
+        matcher = self.extractor.matcher
+        if self.json_screen is None or self.json_screen.matcher is not matcher:
+            self.json_screen = JsonScreen(matcher, max_value_bytes=self.max_value_bytes)
+        return self.json_screen
+
+    def lines_of(self, message: RawMessage) -> DecodedLines:
         """Raises DecodeError (with the reason) for a value that is not a log message."""
         value = message.value
         if value is None or not value.strip():
@@ -166,7 +185,7 @@ class MatchProcessor:
         )
         return decode_lines(value, received_ts=received, max_value_bytes=self.max_value_bytes)
 
-    def _extract(self, segments: list[_Segment], texts: list[str]) -> list[Signal]:
+    def extract(self, segments: list[_Segment], texts: list[str]) -> list[Signal]:
         """One scan over the raw texts; events (prefix parsing, validation) only for lines that hit."""
         starts = [segment.start for segment in segments]
         one_per_message = len(segments) == len(texts)  # one line per message (Fluent Bit, Vector)
@@ -194,24 +213,34 @@ class MatchProcessor:
         return self.extractor.from_texts(texts, event_at, stream_of, order_of)
 
     def process(self, messages: Sequence[RawMessage]) -> MatchOutput:
+        return self.process_values([m.value for m in messages], messages.__getitem__)
+
+    def process_values(self, values: Sequence[bytes | None], message_at: Callable[[int], RawMessage]) -> MatchOutput:
+        """The work of one batch: `values` as read, `message_at(i)` the i-th one's RawMessage (built only for
+        the values that are decoded or dead-lettered)."""
         # A shipped message decodes into thousands of short-lived lists (one per line); the cyclic
         # garbage collector would walk them (and the worker's long-lived objects) over and over
         # while they are built, for nothing: none of them is part of a cycle. It runs after.
         enabled = gc.isenabled()
         gc.disable()
         try:
-            return self._process(messages)
+            out = MatchOutput()
+            decode: Sequence[int] = range(len(values))
+            if self.prefilter:
+                screened = self.screen.screen(values)
+                decode, out.processed, out.lines = screened.decode, screened.skipped, screened.skipped_lines
+            self.decode_and_extract([message_at(i) for i in decode], out)
+            return out
         finally:
             if enabled:
                 gc.enable()
 
-    def _process(self, messages: Sequence[RawMessage]) -> MatchOutput:
-        out = MatchOutput()
+    def decode_and_extract(self, messages: Sequence[RawMessage], out: MatchOutput) -> None:
         segments: list[_Segment] = []
         texts: list[str] = []
         for index, message in enumerate(messages):
             try:
-                lines = self._lines_of(message)
+                lines = self.lines_of(message)
             except DecodeError as exc:
                 out.dead_letters.append(dead_letter(message, exc.reason, str(exc), max_raw_bytes=self.deadletter_max_raw_bytes))
                 continue
@@ -223,22 +252,21 @@ class MatchProcessor:
             if len(lines):
                 segments.append(_Segment(len(texts), lines, message.offset * LINES_PER_OFFSET, index))
                 texts.extend(lines.texts)
-        out.lines = len(texts)
+        out.lines += len(texts)
         if texts:
             try:
-                out.signals = self._extract(segments, texts)
+                out.signals = self.extract(segments, texts)
             except Exception:
                 # Find the value that breaks extraction instead of losing the whole batch.
                 log.exception("signal extraction failed on a batch; retrying value by value")
-                out.signals = self._extract_one_by_one(messages, segments, out)
-        return out
+                out.signals = self.extract_one_by_one(messages, segments, out)
 
-    def _extract_one_by_one(self, messages: Sequence[RawMessage], segments: list[_Segment],
+    def extract_one_by_one(self, messages: Sequence[RawMessage], segments: list[_Segment],
                             out: MatchOutput) -> list[Signal]:
         signals: list[Signal] = []
         for segment in segments:
             try:
-                signals.extend(self._extract([_Segment(0, segment.lines, segment.base, segment.owner)],
+                signals.extend(self.extract([_Segment(0, segment.lines, segment.base, segment.owner)],
                                              segment.lines.texts))
             except Exception as exc:  # noqa: BLE001 - this value is poison: dead-letter it
                 out.processed -= 1

@@ -1,0 +1,258 @@
+"""Which one-line JSON values of a batch can hit a rule, from one scan of the raw values.
+
+Fluent Bit, Vector and Filebeat send one log line per Kafka message, as a JSON string inside an object:
+`{"date":1733212345.1,"log":"[rank3]: iteration 812/ ...\\n","stream":"stderr"}`. Decoding every value
+to scan its text costs more than everything else the match role does, and almost no value hits anything
+but a routine (metric or progress) pattern. So the raw values of a batch are joined and scanned once, by
+the matcher's patterns rewritten to see a JSON string's edges as line edges:
+
+- `^` also accepts the `"` that opens the string, `$` the `"` that closes it (`json_string_edges`);
+- every `\\n` escape (two bytes) becomes two newlines (`unescape_newlines`), so the lines of a multi-line
+  record start and end lines in the scan too, and every offset still points into its own value.
+
+That scan finds a superset of the values whose decoded text hits: a value it does not report cannot hit,
+and the values it reports are decoded and matched exactly, by the matcher's own databases. A value with
+any other escape (`\\"`, `\\t`, `\\\\`, `\\uXXXX`, as in `\\u001b[31m` colour codes) could hide a match from
+the raw scan, so it is not taken here (`one_line_json`): it is decoded before it is scanned.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+import hyperscan
+import orjson
+
+from ingest.decoders.records import split_lines
+
+if TYPE_CHECKING:
+    from correlator.diagnosis.matcher import Matcher
+
+_STRING_START = '(?:^|")'
+_STRING_END = '(?:$|")'
+
+
+def json_string_edges(pattern: bytes) -> bytes:
+    """`pattern` with each `^` / `$` outside a character class also accepting a JSON string's quote."""
+    text = pattern.decode("utf-8")
+    out: list[str] = []
+    i, n = 0, len(text)
+    in_class = False
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            out.append(text[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            if c == "[" and text.startswith("[:", i):  # a POSIX class such as [:alpha:] inside [...]
+                close = text.find(":]", i + 2)
+                if close >= 0:
+                    out.append(text[i:close + 2])
+                    i = close + 2
+                    continue
+            if c == "]":
+                in_class = False
+            out.append(c)
+            i += 1
+            continue
+        if c == "[":
+            in_class = True
+            out.append(c)
+            i += 1
+            if i < n and text[i] == "^":
+                out.append("^")
+                i += 1
+            if i < n and text[i] == "]":  # a `]` first in a class is a literal
+                out.append("]")
+                i += 1
+            continue
+        out.append(_STRING_START if c == "^" else _STRING_END if c == "$" else c)
+        i += 1
+    return "".join(out).encode("utf-8")
+
+
+def one_line_json(value: bytes) -> bool:
+    """A JSON object on one line whose only escapes are `\\n`: the raw scan sees all of its text."""
+    return (
+        value[:2] == b'{"'
+        and b"\n" not in value
+        and value.count(b"\\") == value.count(b"\\n")
+        and value.find(b'"rootrank"', 0, 4096) < 0  # a `rootrank ship` batch carries many lines
+    )
+
+
+def unescape_newlines(buf: bytes) -> bytes:
+    """Each `\\n` escape as two newlines: the same length, so offsets into `buf` stay valid."""
+    return buf.replace(b"\\n", b"\n\n")
+
+
+# Fields of a forwarder's object that change from one line of a stream to the next (times, positions,
+# journal cursors): left out of the bytes that say which stream a routine line belongs to.
+_PER_LINE_FIELD = re.compile(
+    rb'"(?:@timestamp|date|time|timestamp|ts|offset|_SOURCE_REALTIME_TIMESTAMP|_SOURCE_MONOTONIC_TIMESTAMP'
+    rb'|__REALTIME_TIMESTAMP|__MONOTONIC_TIMESTAMP|__CURSOR|__SEQNUM)":(?:"[^"\n]*"|[^,}\]\n]*),?'
+)
+# The keys the decoders take a line's text from (ingest/decoders/dispatch.py, `json_text`).
+_TEXT_FIELDS = (b'"log":', b'"message":', b'"MESSAGE":', b'"msg":')
+_QUOTE = 0x22
+_INNER_NEWLINE = re.compile(rb'\\n(?!")')
+
+
+def _decoded_line_count(value: bytes) -> int:
+    obj = orjson.loads(value)
+    for key in ("log", "message", "MESSAGE", "msg"):  # the decoders' order (ingest/decoders/dispatch.py)
+        text = obj.get(key) if isinstance(obj, dict) else None
+        if isinstance(text, str):
+            return len(split_lines(text))
+    return 1
+
+
+@dataclass
+class Screened:
+    """The outcome for one batch: `decode` are the positions to decode and match exactly (every value that
+    is not one-line JSON among them); the `skipped` others were read and cannot give a signal."""
+
+    decode: list[int]
+    skipped: int = 0
+    skipped_lines: int = 0
+
+
+class JsonScreen:
+    """Screens a batch of raw values with the matcher's `json_prefilter` database (one scan of the joined
+    batch) and keeps, of the values whose only hits are routine (metric values, progress markers), those
+    `SignalExtractor.from_texts` would keep from the whole batch: per routine pattern and stream, the
+    latest progress line and the largest and smallest metric value. A routine line's stream is the bytes
+    of its object around its text, without the per-line fields: never coarser than the record's (host,
+    rank, file, stream), so nothing the extractor keeps is dropped; finer only costs a decode."""
+
+    def __init__(self, matcher: Matcher, *, max_value_bytes: int) -> None:
+        self.matcher = matcher
+        self.max_value_bytes = max_value_bytes
+        self.scratch: hyperscan.Scratch | None = None
+
+    def screen(self, values: Sequence[bytes | None]) -> Screened:
+        everything = Screened(list(range(len(values))))
+        picked = self._one_line_json(values)
+        if picked is None:
+            return everything
+        positions, raw, joined, scanned = picked
+        try:
+            joined.decode("utf-8")
+        except UnicodeDecodeError:
+            return everything  # the decoder sorts out (and dead-letters) the bad value
+        starts = [0, *accumulate(len(v) + 1 for v in raw)]
+        routine_base = self.matcher.routine_base
+        hard: set[int] = set()
+        routine: dict[int, list[tuple[int, int]]] = {}
+
+        def on_match(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+            at = bisect_right(starts, to - 1) - 1
+            if expr_id < routine_base:
+                hard.add(at)
+            else:
+                routine.setdefault(at, []).append((to, expr_id))
+
+        database = self.matcher.json_prefilter()
+        if self.scratch is None:
+            self.scratch = hyperscan.Scratch(database)
+        database.scan(scanned, match_event_handler=on_match, scratch=self.scratch)
+        chosen = hard | self._routine_winners(scanned, starts, {at: h for at, h in routine.items() if at not in hard})
+        decode = set(range(len(values))).difference(positions)
+        decode.update(positions[at] for at in chosen)
+        skipped = [at for at in range(len(positions)) if at not in chosen] if chosen else range(len(positions))
+        return Screened(sorted(decode), len(skipped), self._line_count(joined, starts, raw, skipped))
+
+    @staticmethod
+    def _line_count(joined: bytes, starts: list[int], raw: Sequence[bytes], skipped: Sequence[int]) -> int:
+        """Lines of the skipped values, as the decoder would count them: one each, except a value with a
+        `\n` escape that does not just end its string (a multi-line record), counted by decoding it."""
+        multi = {bisect_right(starts, m.start()) - 1 for m in _INNER_NEWLINE.finditer(joined)}
+        if not multi:
+            return len(skipped)
+        count = 0
+        for at in skipped:
+            count += _decoded_line_count(raw[at]) if at in multi else 1
+        return count
+
+    def _one_line_json(self, values: Sequence[bytes | None]) -> tuple[list[int], list[bytes], bytes, bytes] | None:
+        """(positions, their values, the values joined, joined with `\n` escapes unescaped), or None when no
+        value is one-line JSON. The whole batch is checked at once first: forwarders send one shape."""
+        n = len(values)
+        if n and None not in values and max(map(len, values)) <= self.max_value_bytes:  # type: ignore[arg-type]
+            whole: list[bytes] = values  # type: ignore[assignment]
+            joined = b"\n".join(whole)
+            if (joined.startswith(b'{"') and joined.count(b"\n") == n - 1 == joined.count(b'\n{"')
+                    and b'"rootrank"' not in joined):
+                scanned = unescape_newlines(joined)
+                if b"\\" not in scanned:
+                    return list(range(n)), whole, joined, scanned
+        limit = self.max_value_bytes
+        positions = [i for i, v in enumerate(values) if v is not None and len(v) <= limit and one_line_json(v)]
+        if not positions:
+            return None
+        raw: list[bytes] = [values[i] for i in positions]  # type: ignore[misc]
+        joined = b"\n".join(raw)
+        return positions, raw, joined, unescape_newlines(joined)
+
+    def _routine_winners(self, scanned: bytes, starts: list[int], routine_only: dict[int, list[tuple[int, int]]]) -> set[int]:
+        winners: set[int] = set()
+        lines: list[tuple[int, bytes, list[tuple[int, int]]]] = []  # (position, text, hits)
+        outsides: list[bytes] = []
+        rfind, find, endswith = scanned.rfind, scanned.find, scanned.endswith
+        for at, hits in routine_only.items():
+            start, end = starts[at], starts[at + 1] - 1
+            last = hits[0][0] - 1  # the first routine match's last byte (hyperscan reports in end order)
+            if scanned[last] == _QUOTE:  # a `$` that took the closing quote
+                last -= 1
+            lo = rfind(b'"', start, last + 1)
+            hi = find(b'"', last + 1, end)
+            text = scanned[lo + 1:hi].rstrip(b"\n")  # a Fluent Bit `log` ends with its newline
+            if lo < 0 or hi < 0 or b"\n" in text or not endswith(_TEXT_FIELDS, start, lo):
+                winners.add(at)  # not plainly one line of a text field: the extractor decides
+                continue
+            lines.append((at, text, hits))
+            outsides.append(scanned[start:lo] + scanned[hi + 1:end])
+        if not lines:
+            return winners
+        streams = _PER_LINE_FIELD.sub(b"", b"\n".join(outsides)).split(b"\n")
+        if len(streams) != len(lines):  # a newline escape outside the text: one by one
+            streams = [_PER_LINE_FIELD.sub(b"", outside) for outside in outsides]
+        base = self.matcher.routine_base
+        is_metric, value_of = self.matcher.routine_metric, self.matcher.routine_value
+        latest: dict[tuple[int, bytes], int] = {}
+        highest: dict[tuple[int, bytes], tuple[float, int]] = {}
+        lowest: dict[tuple[int, bytes], tuple[float, int]] = {}
+        for (at, text, hits), stream in zip(lines, streams, strict=True):
+            for _, rid in hits:
+                key = (rid, stream)
+                if not is_metric[rid - base]:
+                    latest[key] = at  # in buffer order: the last one is the latest
+                    continue
+                regex, name = value_of[rid - base]
+                found = regex.search(text) if regex is not None else None
+                if found is None or found.group(name) is None:
+                    winners.add(at)
+                    continue
+                try:
+                    value = float(found.group(name))
+                except ValueError:
+                    value = math.inf
+                if math.isnan(value):
+                    value = math.inf  # as SignalExtractor.metric_value: abnormal by itself, kept
+                high = highest.get(key)
+                if high is None or value >= high[0]:
+                    highest[key] = (value, at)
+                low = lowest.get(key)
+                if low is None or value < low[0]:
+                    lowest[key] = (value, at)
+        winners.update(latest.values())
+        winners.update(at for _, at in highest.values())
+        winners.update(at for _, at in lowest.values())
+        return winners
