@@ -60,7 +60,7 @@ class EvidenceFilter:
         rules = matcher.rules
         self._is_metric = [rule.metric is not None for rule in rules]
         self._is_progress = [rule.absence is not None and bool(rule.absence.progress) for rule in rules]
-        self._streams: dict[str, _StreamState] = {}
+        self.streams_by_key: dict[str, _StreamState] = {}
         # Counters, read by the shipper's /metrics (correlator.stream.metrics.ShipStatsCollector).
         self.lines_read = 0
         self.bytes_read = 0
@@ -69,10 +69,10 @@ class EvidenceFilter:
         self.heartbeats = 0
 
     def _state(self, key: str) -> _StreamState:
-        state = self._streams.get(key)
+        state = self.streams_by_key.get(key)
         if state is None:
-            state = self._streams[key] = _StreamState(before=collections.deque(maxlen=self.context or 1),
-                                                     last_heartbeat=self.clock())
+            state = self.streams_by_key[key] = _StreamState(
+                before=collections.deque(maxlen=self.context or 1), last_heartbeat=self.clock())
         return state
 
     def _classify(self, texts: Sequence[str]) -> tuple[set[int], set[int], int | None]:
@@ -131,7 +131,7 @@ class EvidenceFilter:
 
     def heartbeat(self, key: str, *, final: bool = False) -> list[Run]:
         """The stream's heartbeat, when due (or `final`, at the end of the stream): runs to send."""
-        state = self._streams.get(key)
+        state = self.streams_by_key.get(key)
         if state is None:
             return []
         now = self.clock()
@@ -150,7 +150,7 @@ class EvidenceFilter:
         return _runs(chosen)
 
     def keys(self) -> list[str]:
-        return list(self._streams)
+        return list(self.streams_by_key)
 
 
 def evidence_lines(matcher: Matcher, lines: Sequence[str], *, context: int = 5, chunk_lines: int = 4096) -> list[Run]:

@@ -133,7 +133,7 @@ class Diagnoser:
                 stats.skipped.append(f"{source.name}: cannot open ({exc.strerror or exc})")
                 continue
             try:
-                signals.extend(self._signals_from_stream(source, stream, job_id, file_index, stats, progress))
+                signals.extend(self.signals_from_stream(source, stream, job_id, file_index, stats, progress))
             except (OSError, EOFError, gzip.BadGzipFile) as exc:
                 stats.skipped.append(f"{source.name}: read failed ({exc})")
             finally:
@@ -142,7 +142,7 @@ class Diagnoser:
         stats.signals = len(signals)
         return signals
 
-    def _signals_from_stream(
+    def signals_from_stream(
         self,
         source: Source,
         stream: BinaryIO,
@@ -158,7 +158,7 @@ class Diagnoser:
         stats.files += 1
         path_hints = identity_from_path(source.name) if source.name != "<stdin>" else {}
         if _looks_json_lines(head):
-            return self._signals_from_json_lines(source, stream, head, job_id, file_index, stats, progress)
+            return self.signals_from_json_lines(source, stream, head, job_id, file_index, stats, progress)
         if source.path is not None and len(head) == CHUNK_BYTES:
             try:
                 mapped = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)
@@ -387,7 +387,7 @@ class Diagnoser:
                 break
         return ident
 
-    def _signals_from_json_lines(
+    def signals_from_json_lines(
         self,
         source: Source,
         stream: BinaryIO,
@@ -447,19 +447,19 @@ class _Prepend(io.RawIOBase):
     """A stream that yields `head` first, then the rest of `stream` (the head was read to sniff the format)."""
 
     def __init__(self, head: bytes, stream: BinaryIO) -> None:
-        self._head = head
-        self._stream = stream
+        self.head = head
+        self.rest = stream
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b: bytearray) -> int:  # type: ignore[override]
-        if self._head:
-            n = min(len(b), len(self._head))
-            b[:n] = self._head[:n]
-            self._head = self._head[n:]
+        if self.head:
+            n = min(len(b), len(self.head))
+            b[:n] = self.head[:n]
+            self.head = self.head[n:]
             return n
-        data = self._stream.read(len(b))
+        data = self.rest.read(len(b))
         b[: len(data)] = data
         return len(data)
 

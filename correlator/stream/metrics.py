@@ -28,6 +28,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
+from correlator.stream.compat import faust_consumer_connected, faust_read_offset
+
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse
     from wsgiref.types import WSGIApplication as WSGIApp
@@ -45,17 +47,17 @@ class BoundedLabel:
     def __init__(self, known: Iterable[str] = (), cap: int = MAX_LABEL_VALUES) -> None:
         self.known: set[str] = set(known)
         self.cap = cap
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
 
     def allow(self, values: Iterable[str]) -> None:
-        with self._lock:
+        with self.lock:
             self.known.update(values)
 
     def __call__(self, value: object) -> str:
         text = str(value) if value not in (None, "") else "unknown"
         if text in self.known:
             return text
-        with self._lock:
+        with self.lock:
             if len(self.known) < self.cap and len(text) <= 64:
                 self.known.add(text)
                 return text
@@ -185,9 +187,7 @@ def _connected(app: Any) -> bool:
     try:
         if not app.producer.started:
             return False
-        client = app.consumer._thread._ensure_consumer()._client  # aiokafka, inside faust's consumer thread
-        conns = getattr(client, "_conns", {})
-        return any(getattr(conn, "connected", lambda: False)() for conn in conns.values())
+        return faust_consumer_connected(app)
     except Exception:  # noqa: BLE001 - not started yet, or another transport: not connected
         return False
 
@@ -203,7 +203,7 @@ def update_consumer_lag(app: Any) -> None:
             continue
         if highwater is None:
             continue
-        read = consumer._read_offset.get(tp)
+        read = faust_read_offset(app, tp)
         lag = highwater - (read + 1 if read is not None else 0)
         CONSUMER_LAG.labels(group, tp.topic, str(tp.partition)).set(max(0, lag))
 

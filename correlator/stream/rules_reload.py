@@ -79,9 +79,9 @@ class RuleReloader:
         self.seen = rules_fingerprint(self.root)
         self.version: str | None = None
         self.last_problems: list[str] = []
-        self._lock: asyncio.Lock | None = None
-        self._hup_installed = False
-        self._hup_requested = False
+        self.lock: asyncio.Lock | None = None
+        self.hup_installed = False
+        self.hup_requested = False
 
     def subscribe(self, callback: Callable[[LiveRules], None]) -> None:
         self.subscribers.append(callback)
@@ -107,11 +107,11 @@ class RuleReloader:
 
     async def check(self, *, force: bool = False) -> ReloadOutcome | None:
         """Reload if the files changed (or `force`); None when there was nothing to do."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            force = force or self._hup_requested
-            self._hup_requested = False
+        if self.lock is None:
+            self.lock = asyncio.Lock()
+        async with self.lock:
+            force = force or self.hup_requested
+            self.hup_requested = False
             now = await asyncio.get_running_loop().run_in_executor(None, rules_fingerprint, self.root)
             if now == self.seen and not force:
                 return None
@@ -133,7 +133,7 @@ class RuleReloader:
 
     def request(self) -> None:
         """SIGHUP: reload at the next tick even if no file looks changed."""
-        self._hup_requested = True
+        self.hup_requested = True
 
     def install(self, app: Any, interval_s: float) -> None:
         """A timer on `app` that polls the files every `interval_s` (0: only on SIGHUP), and the
@@ -142,14 +142,14 @@ class RuleReloader:
 
         @app.timer(tick, name=f"{app.conf.id}.rules_reload")  # type: ignore[untyped-decorator]
         async def rules_reload() -> None:
-            self._install_hup()
-            if interval_s > 0 or self._hup_requested:
+            self.install_hup()
+            if interval_s > 0 or self.hup_requested:
                 await self.check()
 
-    def _install_hup(self) -> None:
-        if self._hup_installed:
+    def install_hup(self) -> None:
+        if self.hup_installed:
             return
-        self._hup_installed = True
+        self.hup_installed = True
         try:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.request)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no SIGHUP here

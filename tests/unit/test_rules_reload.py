@@ -125,10 +125,10 @@ def test_sighup_reaches_the_reloader_through_the_event_loop(tmp_path: Path) -> N
     reloader = RuleReloader(root, build)
 
     async def main() -> None:
-        reloader._install_hup()
+        reloader.install_hup()
         signal.raise_signal(signal.SIGHUP)
         await asyncio.sleep(0.05)
-        assert reloader._hup_requested
+        assert reloader.hup_requested
         asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
 
     asyncio.run(main())

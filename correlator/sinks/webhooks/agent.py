@@ -9,7 +9,7 @@ A thin faust shell around `WebhookDispatcher.handle` (correlator/webhooks/dispat
   mid-retry re-reads the incident from the last commit and delivers it then; in a rebalance
   the delivery in flight for a revoked partition is cancelled, unacked, and the partition's
   owner re-reads it from the last commit (with no record lost to faust's buffer clearing:
-  see `correlator.stream.app.hold_fetched_records_across_rebalance_completion`);
+  see `correlator.stream.compat.hold_fetched_records_across_rebalance_completion`);
 - per-incident progress (which destination has which transition) lives in the table
   `webhook-progress` (changelog-backed, partitioned like the incidents topic), so a replay
   after a restart notifies nobody twice;
@@ -46,6 +46,11 @@ from correlator.sinks.webhooks.dispatcher import WebhookDispatcher
 from correlator.sinks.webhooks.receivers import safe_errors
 from correlator.sinks.webhooks.registry import EchoSafeStore, Registry
 from correlator.stream import metrics
+from correlator.stream.compat import (
+    faust_committed_offset,
+    faust_producer_partitions_for,
+    hold_fetched_records_across_rebalance_completion,
+)
 
 if TYPE_CHECKING:
     import faust
@@ -161,10 +166,8 @@ async def _rewind_partitions_never_committed(app: faust.App, topic: str) -> None
     partitions = sorted(tp for tp in consumer.assignment() if tp.topic == topic)
     if not partitions:
         return
-    thread = consumer._thread  # type: ignore[attr-defined]
-    client = thread._ensure_consumer()
     for tp in partitions:
-        committed = await thread.call_thread(client.committed, tp)
+        committed = await faust_committed_offset(app, tp)
         if committed is None or committed < 0:
             earliest = (await consumer.earliest_offsets(tp))[tp]
             await consumer.seek(tp, earliest)
@@ -317,8 +320,7 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
     async def _load_changelog_metadata() -> None:
         # The table picks the changelog partition synchronously from the producer's metadata,
         # which holds only topics it has sent to: fetch it first.
-        producer = app.producer._ensure_producer()  # type: ignore[attr-defined]
-        await producer.partitions_for(registrations.changelog_topic.get_topic_name())
+        await faust_producer_partitions_for(app, registrations.changelog_topic.get_topic_name())
 
     host.page("/jobs/{job_id}/webhooks")(JobWebhooks)
 
@@ -336,7 +338,7 @@ def build_webhooks_app(settings: Settings, *, web_port: int | None, **overrides:
     """The webhook sink as its own faust app and consumer group (`<app_id>-webhooks`)."""
     import faust
 
-    from correlator.stream.app import faust_settings, hold_fetched_records_across_rebalance_completion
+    from correlator.stream.app import faust_settings
     from correlator.stream.topics import group_id
 
     conf = faust_settings(settings, WEBHOOKS_ROLE, web_port=web_port)

@@ -87,18 +87,19 @@ class JobEntry:
 
     # Each signal's JSON dict from the last to_dict, by identity (signals are frozen): a batch changes
     # a few of a job's signals, so only those are dumped again.
-    _dumped: dict[int, tuple[Signal, dict[str, Any]]] = field(default_factory=dict, repr=False, compare=False)
+    dumped_signals: dict[int, tuple[Signal, dict[str, Any]]] = field(
+        default_factory=dict, repr=False, compare=False)
 
-    def _state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         state = self.state
         dumped: dict[int, tuple[Signal, dict[str, Any]]] = {}
         signals: list[dict[str, Any]] = []
         for signal in state.signals:
-            cached = self._dumped.get(id(signal))
+            cached = self.dumped_signals.get(id(signal))
             data = cached[1] if cached is not None and cached[0] is signal else signal.model_dump(mode="json", by_alias=True)
             dumped[id(signal)] = (signal, data)
             signals.append(data)
-        self._dumped = dumped
+        self.dumped_signals = dumped
         rest = state.model_dump(mode="json", by_alias=True, exclude={"signals"})
         out = {"job_id": rest.pop("job_id")}  # the fields in JobState's order, as model_dump gives them
         out["signals"] = signals
@@ -107,7 +108,7 @@ class JobEntry:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "state": self._state_dict(),
+            "state": self.state_dict(),
             "seen": self.seen[-SEEN_DIGESTS_PER_JOB:],
             "open": self.open,
             "last_update": self.state.last_update,
@@ -233,11 +234,11 @@ class JobCorrelator:
             revised = incident.model_copy(update={"revision": revision})
             entry.sent[incident.incident_id] = revised.to_json_dict()
             out.append(revised)
-        out.extend(self._close_superseded(entry, incidents))
+        out.extend(self.close_superseded(entry, incidents))
         return out
 
     @staticmethod
-    def _close_superseded(entry: JobEntry, incidents: Sequence[Incident]) -> list[Incident]:
+    def close_superseded(entry: JobEntry, incidents: Sequence[Incident]) -> list[Incident]:
         """Incidents sent earlier that this diagnosis no longer has: lines that came later (a rank's
         lines held up by a forwarder or a rebalance) changed who or what initiated the failure. Each is
         sent once more, closed, naming the incident of its attempt that replaces it, so an
