@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import hyperscan
 import orjson
+import simdjson
 
 from ingest.decoders.records import split_lines
 
@@ -136,6 +137,7 @@ class JsonScreen:
         self.matcher = matcher
         self.max_value_bytes = max_value_bytes
         self.scratch: hyperscan.Scratch | None = None
+        self.validator = simdjson.Parser()
 
     def screen(self, values: Sequence[bytes | None]) -> Screened:
         everything = Screened(list(range(len(values))))
@@ -147,6 +149,7 @@ class JsonScreen:
             joined.decode("utf-8")
         except UnicodeDecodeError:
             return everything  # the decoder sorts out (and dead-letters) the bad value
+        broken = self._broken_json(raw, joined)
         starts = [0, *accumulate(len(v) + 1 for v in raw)]
         routine_base = self.matcher.routine_base
         hard: set[int] = set()
@@ -163,7 +166,7 @@ class JsonScreen:
         if self.scratch is None:
             self.scratch = hyperscan.Scratch(database)
         database.scan(scanned, match_event_handler=on_match, scratch=self.scratch)
-        chosen = hard | self._routine_winners(scanned, starts, {at: h for at, h in routine.items() if at not in hard})
+        chosen = broken | hard | self._routine_winners(scanned, starts, {at: h for at, h in routine.items() if at not in hard})
         decode = set(range(len(values))).difference(positions)
         decode.update(positions[at] for at in chosen)
         skipped = [at for at in range(len(positions)) if at not in chosen] if chosen else range(len(positions))
@@ -180,6 +183,27 @@ class JsonScreen:
         for at in skipped:
             count += _decoded_line_count(raw[at]) if at in multi else 1
         return count
+
+    def _broken_json(self, raw: Sequence[bytes], joined: bytes) -> set[int]:
+        """Positions of the values that are not valid JSON (the decoder dead-letters them with the reason).
+        The whole batch is validated as one array by simdjson, which checks without building objects;
+        value by value only when that fails."""
+        try:
+            document = self.validator.parse(b"[" + joined.replace(b"\n", b",") + b"]")
+        except ValueError:
+            pass
+        else:
+            del document  # the parser is reused: no proxy may outlive the call
+            return set()
+        broken: set[int] = set()
+        for at, value in enumerate(raw):
+            try:
+                document = self.validator.parse(value)
+            except ValueError:
+                broken.add(at)
+            else:
+                del document
+        return broken
 
     def _one_line_json(self, values: Sequence[bytes | None]) -> tuple[list[int], list[bytes], bytes, bytes] | None:
         """(positions, their values, the values joined, joined with `\n` escapes unescaped), or None when no

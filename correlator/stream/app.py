@@ -20,10 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import faust
+from faust.app import BootStrategy
 
 from correlator.config import Settings
 from correlator.stream.agents.correlate import JobCorrelator, make_close_timer, make_correlate_agent
-from correlator.stream.agents.match import MatchProcessor, make_match_agent
+from correlator.stream.agents.match import MatchProcessor
+from correlator.stream.agents.match_batches import LogBatchReader
+from correlator.stream.compat import hold_fetched_records_across_rebalance_completion, use_fetch_max_wait
 from correlator.stream.topics import CORRELATE_ROLE, JOBS_TABLE, MATCH_ROLE, ROLES, group_id
 
 log = logging.getLogger(__name__)
@@ -104,28 +107,14 @@ def _credentials(settings: Settings) -> Any:
     return None
 
 
-_FETCH_WAIT_ATTR = "_rootrank_fetch_max_wait_ms"
+class ConsumerlessBoot(BootStrategy):  # type: ignore[misc]
+    """The match role's app starts no faust consumer: LogBatchReader owns the role's consumer."""
+
+    enable_kafka_consumer = False
 
 
-def _install_fetch_wait_hook() -> None:
-    """faust builds its aiokafka consumer with fetch_max_wait_ms=1500 and no setting to change it; an app
-    carrying `_rootrank_fetch_max_wait_ms` gets its consumer built with that value instead."""
-    from faust.transport.drivers import aiokafka as driver
-
-    thread_cls = driver.AIOKafkaConsumerThread
-    if getattr(thread_cls, "_rootrank_fetch_wait_hooked", False):
-        return
-    original = thread_cls._create_worker_consumer
-
-    def create_worker_consumer(self: Any, transport: Any) -> Any:
-        consumer = original(self, transport)
-        wait_ms = getattr(self.app, _FETCH_WAIT_ATTR, None)
-        if wait_ms is not None and hasattr(consumer, "_fetch_max_wait_ms"):
-            consumer._fetch_max_wait_ms = int(wait_ms)  # read by AIOKafkaConsumer.start() for its Fetcher
-        return consumer
-
-    setattr(thread_cls, "_create_worker_consumer", create_worker_consumer)  # noqa: B010
-    setattr(thread_cls, "_rootrank_fetch_wait_hooked", True)  # noqa: B010
+class MatchApp(faust.App):  # type: ignore[misc]
+    BootStrategy = ConsumerlessBoot
 
 
 def faust_settings(settings: Settings, role: str, *, web_port: int | None) -> dict[str, Any]:
@@ -200,8 +189,7 @@ class Pipeline:
 
 
 def _build_match(app: faust.App, settings: Settings, pipeline: Pipeline) -> None:
-    topics, engine = settings.topics, settings.engine
-    raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
+    engine = settings.engine
     processor = MatchProcessor(
         pipeline.extractor,
         max_value_bytes=engine.max_value_bytes,
@@ -211,16 +199,13 @@ def _build_match(app: faust.App, settings: Settings, pipeline: Pipeline) -> None
         deadletter_max_raw_bytes=max(1024, settings.kafka.max_request_bytes * 3 // 4 - 65536),
     )
     _install_rules_reload(app, settings, pipeline, lambda live: setattr(processor, "extractor", live.extractor))
-    make_match_agent(
-        app,
-        app.topic(topics.logs, internal=False, **raw),
-        app.topic(topics.signals, internal=False, **raw),
-        app.topic(topics.deadletter, internal=False, **raw),
-        processor,
-        batch_size=engine.batch_size,
-        batch_within_s=engine.batch_within_s,
-        scan_max_bytes=engine.scan_max_bytes,
-    )
+    reader = LogBatchReader(app, settings, processor, group=group_id(settings, MATCH_ROLE),
+                            max_records=engine.match_max_records, beacon=app.beacon)
+    app.match_reader = reader  # the metrics page and the readiness probe ask it (stream/metrics.py)
+
+    @app.task
+    async def start_match_reader() -> None:
+        await app.add_runtime_dependency(reader)
 
 
 def _build_correlate(app: faust.App, settings: Settings, pipeline: Pipeline) -> None:
@@ -281,28 +266,13 @@ def build_app(settings: Settings, role: str, *, pipeline: Pipeline | None = None
     conf = faust_settings(settings, role, web_port=web_port)
     conf.update(overrides)
     Path(conf["datadir"]).mkdir(parents=True, exist_ok=True)
-    app = faust.App(group_id(settings, role), **conf)
-    _install_fetch_wait_hook()
-    setattr(app, _FETCH_WAIT_ATTR, settings.kafka.consumer_fetch_max_wait_ms)
+    app = (MatchApp if role == MATCH_ROLE else faust.App)(group_id(settings, role), **conf)
+    use_fetch_max_wait(app, settings.kafka.consumer_fetch_max_wait_ms)
     hold_fetched_records_across_rebalance_completion(app)
     builder(app, settings, pipeline or Pipeline(settings))
     if web_port is not None:
         _add_metrics_page(app)
     return app
-
-
-def hold_fetched_records_across_rebalance_completion(app: faust.App) -> None:
-    """faust-streaming 0.15 resumes the stream partitions and seeks them to the committed offsets
-    *before* `flow_control.resume()`, which empties every agent's buffer. The fetcher already runs
-    (it read the changelogs), so records fetched in between were put in a buffer and wiped while the
-    read position moved past them: never processed, and a commit can step over the hole. With flow
-    control suspended from `on_rebalance_complete` (sent right before that seek), fetched records
-    wait in the conductor and enter the buffers after the clear. Found by the webhook rebalance test
-    (tests/integration/test_webhooks_stream.py); it applies to every role's app."""
-
-    @app.on_rebalance_complete.connect  # type: ignore[arg-type]
-    async def hold_buffers(sender: Any, *args: Any, **kwargs: Any) -> None:
-        app.flow_control.suspend()
 
 
 def _add_metrics_page(app: faust.App) -> None:

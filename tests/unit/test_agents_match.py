@@ -1,13 +1,11 @@
-"""The match agent under faust's test_context: raw values in, signals and dead letters out."""
+"""The match role's batch processing: raw values in, signals and dead letters out."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import uuid
+from dataclasses import dataclass
 from typing import Any
 
-import faust
 import orjson
 import pytest
 
@@ -19,7 +17,6 @@ from correlator.stream.agents.correlate import decode_signal_messages
 from correlator.stream.agents.match import (
     MatchProcessor,
     RawMessage,
-    make_match_agent,
     signal_messages,
     signal_to_bytes,
 )
@@ -34,35 +31,22 @@ def extractor() -> SignalExtractor:
     return SignalExtractor(ruleset, Matcher(ruleset))
 
 
-def _app() -> faust.App:
-    # The broker is never contacted: test_context feeds the agent directly, outputs are channels.
-    return faust.App(f"test-match-{uuid.uuid4().hex[:8]}", broker="kafka://127.0.0.1:9", store="memory://",
-                     autodiscover=False)
+@dataclass
+class Record:
+    key: bytes | None
+    value: bytes
 
 
-async def _drain(channel: Any) -> list[Any]:
-    out = []
-    while True:
-        try:
-            out.append(await asyncio.wait_for(channel.get(), 0.3))
-        except TimeoutError:
-            return out
-
-
-async def _run_agent(extractor: SignalExtractor, values: list[bytes], **processor_kw: Any) -> tuple[list[dict[str, int]], list[Any], list[Any]]:
-    app = _app()
-    source, signals_out, deadletter_out = app.channel(), app.channel(), app.channel()
-    agent = make_match_agent(
-        app, source, signals_out, deadletter_out, MatchProcessor(extractor, **processor_kw),
-        batch_size=len(values), batch_within_s=0.05,
-    )
-    # A channel delivers only to iterators that subscribed before the send.
-    signals_seen, dead_seen = signals_out.__aiter__(), deadletter_out.__aiter__()
-    async with agent.test_context() as tested:
-        for i, value in enumerate(values):
-            await tested.put(value=value, key=None, partition=0, wait=(i == len(values) - 1))
-        summaries = list(tested.results.values())
-        return summaries, await _drain(signals_seen), await _drain(dead_seen)
+def _run_batch(extractor: SignalExtractor, values: list[bytes], **processor_kw: Any) -> tuple[list[dict[str, int]], list[Record], list[Record]]:
+    """One batch through the match role's processing, and the records LogBatchReader sends for it
+    (correlator/stream/agents/match_batches.py; its Kafka side is tested in tests/integration)."""
+    processor = MatchProcessor(extractor, **processor_kw)
+    out = processor.process([RawMessage(v, "rootrank.logs", 0, i) for i, v in enumerate(values)])
+    summary = {"read": len(values), "processed": out.processed, "deadletter": len(out.dead_letters),
+               "lines": out.lines, "signals": len(out.signals)}
+    signals = [Record(key, value) for key, value in signal_messages(out.signals)]
+    dead = [Record(None, orjson.dumps(letter)) for letter in out.dead_letters]
+    return [summary], signals, dead
 
 
 def test_good_values_become_signals_keyed_by_job(extractor: SignalExtractor) -> None:
@@ -74,7 +58,7 @@ def test_good_values_become_signals_keyed_by_job(extractor: SignalExtractor) -> 
                                      "labels": {"training.kubeflow.org/job-name": "llama-7"}}}),
         b"plain text line with nothing in it",
     ]
-    summaries, signals, dead = asyncio.run(_run_agent(extractor, values))
+    summaries, signals, dead = _run_batch(extractor, values)
     # One record per job and batch: the job's signals as a JSON list (a lone signal as itself).
     parsed = [d.signal for e in signals for d in decode_signal_messages(e.key, e.value)]
     assert len(signals) == 1 and all(isinstance(s, Signal) for s in parsed)
@@ -94,7 +78,7 @@ def test_bad_values_are_dead_lettered_with_reason_and_raw_bytes(extractor: Signa
         "too_large": b"x" * (1024 * 1024 + 1),
     }
     good = [f"[rank0]: {OOM}".encode()]
-    summaries, signals, dead = asyncio.run(_run_agent(extractor, [*bad.values(), *good], max_value_bytes=1024 * 1024))
+    summaries, signals, dead = _run_batch(extractor, [*bad.values(), *good], max_value_bytes=1024 * 1024)
     (summary,) = summaries
     # Every value is counted once: processed + dead-lettered = read.
     assert summary["read"] == 5 and summary["processed"] == 1 and summary["deadletter"] == 4

@@ -1,32 +1,30 @@
-"""The `match` agent: raw forwarder values in, signals (and dead letters) out.
+"""The match role's work on one batch: raw forwarder values in, signals (and dead letters) out.
 
-Reads the logs topic in batches, decodes each value with the same decoders `rootrank diagnose`
-uses, scans the whole batch once with hyperscan (SignalExtractor), and sends each signal as JSON
-to the signals topic keyed by job id, so one job's signals land in one partition. A value that
+LogBatchReader (match_batches.py) hands each fetched batch of the logs topic here. One-line JSON
+values are screened first by one raw scan (correlator/diagnosis/prefilter.py); the rest, and the
+screened values that can give a signal, are decoded with the same decoders `rootrank diagnose` uses
+and scanned once with hyperscan (SignalExtractor). Signals go to the signals topic as JSON keyed by
+job id, so one job's signals land in one partition. A value that
 cannot be decoded never stops the worker: it goes to the dead-letter topic with the reason and the
 raw bytes. Every value read is counted exactly once as processed or dead-lettered.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import gc
 import logging
-import time
 from bisect import bisect_right
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 from prometheus_client import Counter
 
 from correlator.diagnosis.models import Signal
 from correlator.diagnosis.prefilter import JsonScreen
 from correlator.diagnosis.signals import SignalExtractor
-from correlator.stream import metrics
 from ingest.decoders import (
     DecodedLines,
     DecodeError,
@@ -135,7 +133,7 @@ class _Segment:
 
 
 class MatchProcessor:
-    """The agent's work without faust: decode, extract, sort out what is poison.
+    """The role's work without Kafka: screen, decode, extract, sort out what is poison.
 
     `invalid_utf8`: "deadletter" sends a value that is not valid UTF-8 to the dead-letter topic
     (kept raw, so nothing is silently altered); "replace" decodes it with U+FFFD instead.
@@ -287,173 +285,3 @@ def _record_at(segment: _Segment, index: int) -> tuple[RawRecord, int | None]:
     # A position the forwarder sent (Filebeat's log.offset) wins; else the Kafka offset orders
     # the lines, which is all there is for one-line-per-message forwarders.
     return record, None if record.offset is not None else segment.base + index
-
-
-def raw_message_of(event: Any) -> RawMessage:
-    """A faust event from the logs topic as a RawMessage."""
-    message = event.message
-    value = event.value
-    if isinstance(value, str):
-        value = value.encode("utf-8")
-    return RawMessage(
-        value=value,
-        topic=message.topic,
-        partition=message.partition,
-        offset=message.offset,
-        timestamp=message.timestamp,
-    )
-
-
-def chunks_by_bytes(messages: Sequence[RawMessage], max_bytes: int) -> list[Sequence[RawMessage]]:
-    """Consecutive runs of messages of at most `max_bytes` of values each (a larger value alone)."""
-    out: list[Sequence[RawMessage]] = []
-    start = size = 0
-    for index, message in enumerate(messages):
-        length = len(message.value or b"")
-        if index > start and size + length > max_bytes:
-            out.append(messages[start:index])
-            start, size = index, 0
-        size += length
-    if start < len(messages):
-        out.append(messages[start:])
-    return out
-
-
-def take_events_bounded(stream: Any, max_events: int, max_bytes: int, within: float,
-                        idle_s: float = 0.02) -> AsyncIterator[list[Any]]:
-    """faust's `Stream.take_events(max_events, within)`, which also yields as soon as the buffered
-    values reach `max_bytes`, or once values stop arriving for `idle_s`.
-
-    Shipped messages are big (256 KiB, thousands of lines): a batch of `max_events` of them is never
-    reached, so take_events would wait out `within` before every batch even with a backlog, leaving
-    the worker idle for that long each time. Acks are as in take_events: a batch's events are acked
-    when the loop asks for the next batch, after its output was sent.
-    """
-    from mode.utils.futures import notify
-
-    events: list[Any] = []
-    size = 0
-    buffer_full = asyncio.Event()
-    buffer_consumed = asyncio.Event()
-    buffer_consuming: asyncio.Future[Any] | None = None
-    stream_enable_acks: bool = stream.enable_acks
-    channel_it = stream.channel.__aiter__()
-
-    async def add_to_buffer(value: Any) -> Any:
-        nonlocal buffer_consuming, size
-        try:
-            if buffer_consuming is not None:
-                try:
-                    await buffer_consuming
-                finally:
-                    buffer_consuming = None
-            event = stream.current_event
-            if event is None:
-                raise RuntimeError("Take buffer found current_event is None")
-            events.append(event)
-            size += len(event.value or b"") if isinstance(event.value, (bytes, str)) else 0
-            if len(events) >= max_events or size >= max_bytes:
-                buffer_full.set()
-                buffer_consumed.clear()
-                await stream.wait(buffer_consumed)
-        except asyncio.CancelledError:  # pragma: no cover
-            raise
-        except Exception as exc:
-            log.exception("error adding to the match batch")
-            await stream.crash(exc)
-        return value
-
-    async def batches() -> AsyncIterator[list[Any]]:
-        nonlocal buffer_consuming, size
-        stream.enable_acks = False
-        stream.add_processor(add_to_buffer)
-        stream._enable_passive(channel_it)
-        loop = asyncio.get_running_loop()
-        try:
-            while not stream.should_stop:
-                # Wait up to `within` for a full batch, but take what is there as soon as nothing new
-                # arrived for `idle_s`: with a backlog, values come in bursts (one fetch at a time),
-                # and waiting out the whole window after each burst would leave the worker idle.
-                deadline = loop.time() + within
-                seen = len(events)
-                while not stream.should_stop:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        break
-                    await stream.wait_for_stopped(buffer_full, timeout=min(remaining, idle_s))
-                    if buffer_full.is_set() or (events and len(events) == seen):
-                        break
-                    seen = len(events)
-                if events:
-                    buffer_consuming = stream.loop.create_future()
-                    try:
-                        yield list(events)
-                    finally:
-                        for event in events:
-                            await stream.ack(event)
-                        events.clear()
-                        size = 0
-                        notify(buffer_consuming)
-                        buffer_full.clear()
-                        buffer_consumed.set()
-        finally:
-            stream.enable_acks = stream_enable_acks
-            stream._processors.remove(add_to_buffer)
-
-    agen = batches()
-    tracked = getattr(stream, "_active_agens", None)
-    if tracked is not None:  # closed by Stream.on_stop like faust's own take_events
-        tracked.add(agen)
-    return agen
-
-
-def make_match_agent(
-    app: Any,
-    source: Any,
-    signals_out: Any,
-    deadletter_out: Any,
-    processor: MatchProcessor,
-    *,
-    batch_size: int,
-    batch_within_s: float,
-    scan_max_bytes: int = 16 * 1024 * 1024,
-    name: str = "match",
-) -> Any:
-    """Register the agent on `app`. `source`/`*_out` are faust channels: topics in production,
-    in-memory channels in unit tests. The agent yields one count summary per batch.
-
-    A batch of `batch_size` messages is scanned in runs of at most `scan_max_bytes` of values (shipped
-    messages carry thousands of lines each), handing the event loop back between runs so heartbeats,
-    the producer and the metrics page keep going. The batch's offsets are committed only once all of
-    it was handled and faust has flushed the producer (its commit does), so every signal and dead
-    letter of a batch is durable before the batch counts as read.
-    """
-
-    async def match(stream: Any) -> AsyncIterator[dict[str, int]]:
-        async for events in take_events_bounded(stream, batch_size, scan_max_bytes, batch_within_s):
-            raw = [raw_message_of(e) for e in events]
-            summary = {"read": len(events), "processed": 0, "deadletter": 0, "lines": 0, "signals": 0}
-            for number, chunk in enumerate(chunks_by_bytes(raw, scan_max_bytes)):
-                if number:
-                    await asyncio.sleep(0)
-                started = time.perf_counter()
-                out = processor.process(chunk)
-                metrics.count_match_batch(sum(len(m.value or b"") for m in chunk), out.lines,
-                                          time.perf_counter() - started)
-                metrics.count_signals(out.signals)
-                metrics.count_dead_letters("match", out.dead_letters)
-                for key, value in signal_messages(out.signals):
-                    await signals_out.send(key=key, value=value)
-                for letter in out.dead_letters:
-                    await deadletter_out.send(value=orjson.dumps(letter))
-                RAW_MESSAGES.labels("processed").inc(out.processed)
-                RAW_MESSAGES.labels("deadletter").inc(len(out.dead_letters))
-                LINES.inc(out.lines)
-                SIGNALS_SENT.inc(len(out.signals))
-                summary["processed"] += out.processed
-                summary["deadletter"] += len(out.dead_letters)
-                summary["lines"] += out.lines
-                summary["signals"] += len(out.signals)
-            yield summary
-
-    return app.agent(source, name=name)(match)
