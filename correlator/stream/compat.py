@@ -158,10 +158,18 @@ def faust_consumer_connected(app: faust.App) -> bool:
     """Whether `app`'s aiokafka consumer holds at least one live broker connection (False before the
     app started, or on another transport)."""
     try:
-        client = _aiokafka_consumer(app)._client
-        conns = getattr(client, "_conns", {})
-        return any(getattr(conn, "connected", lambda: False)() for conn in conns.values())
+        return aiokafka_consumer_connected(_aiokafka_consumer(app))
     except Exception:  # noqa: BLE001 - not started yet, or another transport: not connected
+        return False
+
+
+def aiokafka_consumer_connected(consumer: Any) -> bool:
+    """Whether an aiokafka consumer holds at least one live broker connection. aiokafka 0.14 has no
+    public call for it (its client's connection map is private); the match role's reader asks this too."""
+    try:
+        conns = getattr(consumer._client, "_conns", {})
+        return any(getattr(conn, "connected", lambda: False)() for conn in conns.values())
+    except Exception:  # noqa: BLE001 - not started: not connected
         return False
 
 

@@ -163,13 +163,20 @@ def readiness(apps: Sequence[Any], rules_loaded: Callable[[], bool]) -> tuple[bo
     details: dict[str, Any] = {"rules_loaded": bool(rules_loaded()), "apps": {}}
     ready = details["rules_loaded"]
     for app in apps:
-        state = {"connected": _connected(app), "assigned": len(_assigned(app)), "rebalancing": bool(app.rebalancing)}
-        if len(app.agents) == 0:
-            # A role that runs its own Kafka clients (the es-sink's threads) subscribes nothing through
-            # faust: there is nothing faust could assign it, so only liveness applies.
-            state["agents"] = 0
+        reader = getattr(app, "match_reader", None)
+        if reader is not None:  # the match role reads through its own consumer (LogBatchReader)
+            state = {"connected": bool(app.producer.started) and reader.connected(),
+                     "assigned": len(reader.assigned()), "rebalancing": False}
+            ready = ready and state["connected"] and state["assigned"] > 0
         else:
-            ready = ready and state["connected"] and state["assigned"] > 0 and not state["rebalancing"]
+            state = {"connected": _connected(app), "assigned": len(_assigned(app)),
+                     "rebalancing": bool(app.rebalancing)}
+            if len(app.agents) == 0:
+                # A role that runs its own Kafka clients (the es-sink's threads) subscribes nothing through
+                # faust: there is nothing faust could assign it, so only liveness applies.
+                state["agents"] = 0
+            else:
+                ready = ready and state["connected"] and state["assigned"] > 0 and not state["rebalancing"]
         details["apps"][str(app.conf.id)] = state
     details["ready"] = bool(ready)
     return bool(ready), details
@@ -195,6 +202,11 @@ def _connected(app: Any) -> bool:
 def update_consumer_lag(app: Any) -> None:
     """Lag = highwater - (last read offset + 1), per actively assigned partition of `app`."""
     group = str(app.conf.id)
+    reader = getattr(app, "match_reader", None)
+    if reader is not None:
+        for tp, lag in reader.lag().items():
+            CONSUMER_LAG.labels(group, tp.topic, str(tp.partition)).set(lag)
+        return
     consumer = app.consumer
     for tp in _assigned(app):
         try:

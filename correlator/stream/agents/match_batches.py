@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from mode import Service
 
 from correlator.config import Settings
@@ -42,6 +42,7 @@ from correlator.stream.agents.match import (
     RawMessage,
     signal_messages,
 )
+from correlator.stream.compat import aiokafka_consumer_connected
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class RevocationListener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.reader = reader
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
+        if self.reader.batch_lock.locked():
+            self.reader.revoked_mid_batch += 1
         async with self.reader.batch_lock:
             self.reader.revocations += 1
             log.debug("match reader: partitions revoked %s", sorted(map(str, revoked)))
@@ -106,6 +109,7 @@ class LogBatchReader(Service):  # type: ignore[misc]
         self.consumer: AIOKafkaConsumer | None = None
         self.assignment: set[TopicPartition] = set()
         self.revocations = 0
+        self.revoked_mid_batch = 0  # revocations that had to wait for a batch in flight
         self.batches = 0
         self.read_offsets: dict[TopicPartition, int] = {}  # last offset matched and committed, per partition
         self.reading: asyncio.Task[None] | None = None
@@ -145,8 +149,18 @@ class LogBatchReader(Service):  # type: ignore[misc]
                 # their records are the next owner's (from the last commit), not ours.
                 assigned = consumer.assignment()
                 batch = {tp: records for tp, records in fetched.items() if tp in assigned}
-                if batch:
+                if not batch:
+                    continue
+                try:
                     await self.handle(batch)
+                except Exception:
+                    # Not the input (the processor dead-letters what it cannot read): the producer or a
+                    # bug. Read the batch again from its first record rather than step over it.
+                    log.exception("match reader: batch of %d partition(s) failed; reading it again", len(batch))
+                    for tp, records in batch.items():
+                        if tp in consumer.assignment():
+                            consumer.seek(tp, records[0].offset)
+                    await asyncio.sleep(1.0)
 
     async def handle(self, batch: dict[TopicPartition, list[Any]]) -> None:
         """Match every record of `batch`, wait for Kafka's acks of the output, then commit."""
@@ -162,7 +176,7 @@ class LogBatchReader(Service):  # type: ignore[misc]
         assert self.consumer is not None
         try:
             await self.consumer.commit(offsets)
-        except CommitFailedError as exc:  # the group moved on: the new owner re-reads (harmless)
+        except (CommitFailedError, IllegalStateError) as exc:  # the group moved on: the new owner re-reads
             log.warning("match reader: commit of %d partition(s) refused (%s)", len(offsets), exc)
         else:
             self.read_offsets.update({tp: offset - 1 for tp, offset in offsets.items()})
@@ -197,7 +211,7 @@ class LogBatchReader(Service):  # type: ignore[misc]
     # --- what the metrics page and the readiness probe ask -----------------------------------------
 
     def connected(self) -> bool:
-        return self.consumer is not None and bool(self.assigned())
+        return self.consumer is not None and aiokafka_consumer_connected(self.consumer)
 
     def assigned(self) -> set[TopicPartition]:
         if self.consumer is None:
