@@ -6,9 +6,9 @@ to scan its text costs more than everything else the match role does, and almost
 but a routine (metric or progress) pattern. So the raw values of a batch are joined and scanned once, by
 the matcher's patterns rewritten to see a JSON string's edges as line edges:
 
-- `^` also accepts the `"` that opens the string, `$` the `"` that closes it (`json_string_edges`);
-- every `\\n` escape (two bytes) becomes two newlines (`unescape_newlines`), so the lines of a multi-line
-  record start and end lines in the scan too, and every offset still points into its own value.
+- `^` also accepts the `"` that opens the string and a `\\n` escape (the next line of a multi-line record),
+  `$` the `"` that closes the string, after any `\\n` escapes (a Fluent Bit `log` ends with one);
+  a `$` after `[^\n]*` is left alone: it already reaches the end of the value (`json_string_edges`).
 
 That scan finds a superset of the values whose decoded text hits: a value it does not report cannot hit,
 and the values it reports are decoded and matched exactly, by the matcher's own databases. A value with
@@ -35,13 +35,18 @@ from ingest.decoders.records import split_lines
 if TYPE_CHECKING:
     from correlator.diagnosis.matcher import Matcher
 
-_STRING_START = '(?:^|")'
-_STRING_END = '(?:$|")'
+_STRING_START = '(?:^|"|\\\\n)'
+_STRING_END = '(?:$|(?:\\\\n)*")'
+_TO_LINE_END = ("[^\\n]*", "[^\n]*", ".*")  # a `$` after these matches at the value's end anyway
 
 
 def json_string_edges(pattern: bytes) -> bytes:
     """`pattern` with each `^` / `$` outside a character class also accepting a JSON string's quote."""
     text = pattern.decode("utf-8")
+    for tail in ("[^\\n]*$", "[^\n]*$"):  # the routine database's "report once, at the line's end"
+        if text.endswith(tail) and not text.endswith("\\" + tail):
+            text = text[: -len(tail)]  # reported where the marker ends instead: inside the text
+            break
     out: list[str] = []
     i, n = 0, len(text)
     in_class = False
@@ -74,7 +79,12 @@ def json_string_edges(pattern: bytes) -> bytes:
                 out.append("]")
                 i += 1
             continue
-        out.append(_STRING_START if c == "^" else _STRING_END if c == "$" else c)
+        if c == "^":
+            out.append(_STRING_START)
+        elif c == "$" and not "".join(out[-6:]).endswith(_TO_LINE_END):
+            out.append(_STRING_END)
+        else:
+            out.append(c)
         i += 1
     return "".join(out).encode("utf-8")
 
@@ -89,20 +99,14 @@ def one_line_json(value: bytes) -> bool:
     )
 
 
-def unescape_newlines(buf: bytes) -> bytes:
-    """Each `\\n` escape as two newlines: the same length, so offsets into `buf` stay valid."""
-    return buf.replace(b"\\n", b"\n\n")
-
-
 # Fields of a forwarder's object that change from one line of a stream to the next (times, positions,
 # journal cursors): left out of the bytes that say which stream a routine line belongs to.
 _PER_LINE_FIELD = re.compile(
     rb'"(?:@timestamp|date|time|timestamp|ts|offset|_SOURCE_REALTIME_TIMESTAMP|_SOURCE_MONOTONIC_TIMESTAMP'
     rb'|__REALTIME_TIMESTAMP|__MONOTONIC_TIMESTAMP|__CURSOR|__SEQNUM)":(?:"[^"\n]*"|[^,}\]\n]*),?'
 )
-# The keys the decoders take a line's text from (ingest/decoders/dispatch.py, `json_text`).
-_TEXT_FIELDS = (b'"log":', b'"message":', b'"MESSAGE":', b'"msg":')
-_QUOTE = 0x22
+# The keys the decoders take a line's text from, in their order (ingest/decoders/dispatch.py), as a string.
+_TEXT_FIELDS = (b'"log":"', b'"message":"', b'"MESSAGE":"', b'"msg":"')
 _INNER_NEWLINE = re.compile(rb'\\n(?!")')
 
 
@@ -144,7 +148,7 @@ class JsonScreen:
         picked = self._one_line_json(values)
         if picked is None:
             return everything
-        positions, raw, joined, scanned = picked
+        positions, raw, joined = picked
         try:
             joined.decode("utf-8")
         except UnicodeDecodeError:
@@ -165,8 +169,8 @@ class JsonScreen:
         database = self.matcher.json_prefilter()
         if self.scratch is None:
             self.scratch = hyperscan.Scratch(database)
-        database.scan(scanned, match_event_handler=on_match, scratch=self.scratch)
-        chosen = broken | hard | self._routine_winners(scanned, starts, {at: h for at, h in routine.items() if at not in hard})
+        database.scan(joined, match_event_handler=on_match, scratch=self.scratch)
+        chosen = broken | hard | self._routine_winners(joined, starts, {at: h for at, h in routine.items() if at not in hard})
         decode = set(range(len(values))).difference(positions)
         decode.update(positions[at] for at in chosen)
         skipped = [at for at in range(len(positions)) if at not in chosen] if chosen else range(len(positions))
@@ -205,41 +209,42 @@ class JsonScreen:
                 del document
         return broken
 
-    def _one_line_json(self, values: Sequence[bytes | None]) -> tuple[list[int], list[bytes], bytes, bytes] | None:
-        """(positions, their values, the values joined, joined with `\n` escapes unescaped), or None when no
-        value is one-line JSON. The whole batch is checked at once first: forwarders send one shape."""
+    def _one_line_json(self, values: Sequence[bytes | None]) -> tuple[list[int], list[bytes], bytes] | None:
+        """(positions, their values, the values joined), or None when no value is one-line JSON. The whole
+        batch is checked at once first: forwarders send one shape."""
         n = len(values)
         if n and None not in values and max(map(len, values)) <= self.max_value_bytes:  # type: ignore[arg-type]
             whole: list[bytes] = values  # type: ignore[assignment]
             joined = b"\n".join(whole)
             if (joined.startswith(b'{"') and joined.count(b"\n") == n - 1 == joined.count(b'\n{"')
-                    and b'"rootrank"' not in joined):
-                scanned = unescape_newlines(joined)
-                if b"\\" not in scanned:
-                    return list(range(n)), whole, joined, scanned
+                    and joined.count(b"\\") == joined.count(b"\\n") and b'"rootrank"' not in joined):
+                return list(range(n)), whole, joined
         limit = self.max_value_bytes
         positions = [i for i, v in enumerate(values) if v is not None and len(v) <= limit and one_line_json(v)]
         if not positions:
             return None
         raw: list[bytes] = [values[i] for i in positions]  # type: ignore[misc]
-        joined = b"\n".join(raw)
-        return positions, raw, joined, unescape_newlines(joined)
+        return positions, raw, b"\n".join(raw)
 
     def _routine_winners(self, scanned: bytes, starts: list[int], routine_only: dict[int, list[tuple[int, int]]]) -> set[int]:
         winners: set[int] = set()
         lines: list[tuple[int, bytes, list[tuple[int, int]]]] = []  # (position, text, hits)
         outsides: list[bytes] = []
-        rfind, find, endswith = scanned.rfind, scanned.find, scanned.endswith
+        find = scanned.find
         for at, hits in routine_only.items():
             start, end = starts[at], starts[at + 1] - 1
+            for name in _TEXT_FIELDS:
+                lo = find(name, start, end)
+                if lo >= 0:
+                    lo += len(name) - 1  # the opening quote
+                    break
+            hi = find(b'"', lo + 1, end) if lo >= 0 else -1
             last = hits[0][0] - 1  # the first routine match's last byte (hyperscan reports in end order)
-            if scanned[last] == _QUOTE:  # a `$` that took the closing quote
-                last -= 1
-            lo = rfind(b'"', start, last + 1)
-            hi = find(b'"', last + 1, end)
-            text = scanned[lo + 1:hi].rstrip(b"\n")  # a Fluent Bit `log` ends with its newline
-            if lo < 0 or hi < 0 or b"\n" in text or not endswith(_TEXT_FIELDS, start, lo):
-                winners.add(at)  # not plainly one line of a text field: the extractor decides
+            text = scanned[lo + 1:hi]
+            while text.endswith(b"\\n"):  # a Fluent Bit `log` ends with its newline
+                text = text[:-2]
+            if not lo < last <= hi or b"\\n" in text:
+                winners.add(at)  # not plainly in one line of the text: the extractor decides
                 continue
             lines.append((at, text, hits))
             outsides.append(scanned[start:lo] + scanned[hi + 1:end])

@@ -56,11 +56,16 @@ def same_with_and_without_screen(extractor: SignalExtractor, values: list[bytes]
 
 
 def test_anchors_also_accept_a_json_string_edge() -> None:
-    assert json_string_edges(rb"^\s*Killed\s*$") == rb'(?:^|")\s*Killed\s*(?:$|")'
-    # inside a class `^` negates and `$` is a literal; escaped anchors are literals
-    assert json_string_edges(rb"[^\n]*$") == rb'[^\n]*(?:$|")'
+    start, end = rb'(?:^|"|\\n)', rb'(?:$|(?:\\n)*")'
+    assert json_string_edges(rb"^\s*Killed\s*$") == start + rb"\s*Killed\s*" + end
+    # a routine marker's "to the line's end" goes (it is reported where it ends, in the text), a `$`
+    # after `[^\n]*` reaches the value's end as it is; inside a class `^` negates and `$` is a literal;
+    # escaped anchors are literals
+    assert json_string_edges(rb"(?:a|b)[^\n]*$") == rb"(?:a|b)"
+    assert json_string_edges(b"(?:a|b)[^\n]*$") == b"(?:a|b)"
+    assert json_string_edges(rb"a[^\n]*$b") == rb"a[^\n]*$b"
     assert json_string_edges(rb"a\$[]^$]") == rb"a\$[]^$]"
-    assert json_string_edges(rb"[[:alpha:]^]+^x") == rb'[[:alpha:]^]+(?:^|")x'
+    assert json_string_edges(rb"[[:alpha:]^]+^x") == rb"[[:alpha:]^]+" + start + b"x"
 
 
 def test_only_plain_one_line_json_is_screened() -> None:
