@@ -154,7 +154,7 @@ class JsonScreen:
         except UnicodeDecodeError:
             return everything  # the decoder sorts out (and dead-letters) the bad value
         broken = self._broken_json(raw, joined)
-        starts = [0, *accumulate(len(v) + 1 for v in raw)]
+        starts = list(accumulate(map((1).__add__, map(len, raw)), initial=0))  # value k: starts[k] .. starts[k+1]-1
         routine_base = self.matcher.routine_base
         hard: set[int] = set()
         routine: dict[int, list[tuple[int, int]]] = {}
@@ -171,22 +171,17 @@ class JsonScreen:
             self.scratch = hyperscan.Scratch(database)
         database.scan(joined, match_event_handler=on_match, scratch=self.scratch)
         chosen = broken | hard | self._routine_winners(joined, starts, {at: h for at, h in routine.items() if at not in hard})
-        decode = set(range(len(values))).difference(positions)
+        decode = set() if len(positions) == len(values) else set(range(len(values))).difference(positions)
         decode.update(positions[at] for at in chosen)
-        skipped = [at for at in range(len(positions)) if at not in chosen] if chosen else range(len(positions))
-        return Screened(sorted(decode), len(skipped), self._line_count(joined, starts, raw, skipped))
+        skipped = len(positions) - len(chosen)
+        return Screened(sorted(decode), skipped, skipped + self._extra_lines(joined, starts, raw, chosen))
 
     @staticmethod
-    def _line_count(joined: bytes, starts: list[int], raw: Sequence[bytes], skipped: Sequence[int]) -> int:
-        """Lines of the skipped values, as the decoder would count them: one each, except a value with a
-        `\n` escape that does not just end its string (a multi-line record), counted by decoding it."""
-        multi = {bisect_right(starts, m.start()) - 1 for m in _INNER_NEWLINE.finditer(joined)}
-        if not multi:
-            return len(skipped)
-        count = 0
-        for at in skipped:
-            count += _decoded_line_count(raw[at]) if at in multi else 1
-        return count
+    def _extra_lines(joined: bytes, starts: list[int], raw: Sequence[bytes], chosen: set[int]) -> int:
+        """Lines of the skipped values beyond one each, as the decoder counts them: a value with a `\n`
+        escape that does not just end its string (a multi-line record) is decoded to count its lines."""
+        multi = {bisect_right(starts, m.start()) - 1 for m in _INNER_NEWLINE.finditer(joined)} - chosen
+        return sum(_decoded_line_count(raw[at]) - 1 for at in multi)
 
     def _broken_json(self, raw: Sequence[bytes], joined: bytes) -> set[int]:
         """Positions of the values that are not valid JSON (the decoder dead-letters them with the reason).
@@ -216,8 +211,10 @@ class JsonScreen:
         if n and None not in values and max(map(len, values)) <= self.max_value_bytes:  # type: ignore[arg-type]
             whole: list[bytes] = values  # type: ignore[assignment]
             joined = b"\n".join(whole)
-            if (joined.startswith(b'{"') and joined.count(b"\n") == n - 1 == joined.count(b'\n{"')
-                    and joined.count(b"\\") == joined.count(b"\\n") and b'"rootrank"' not in joined):
+            # Whether each value is a JSON object is left to the validation (`_broken_json`): a value that is
+            # not is decoded, as any other.
+            if (joined.count(b"\n") == n - 1 and joined.count(b"\\") == joined.count(b"\\n")
+                    and b'"rootrank"' not in joined):
                 return list(range(n)), whole, joined
         limit = self.max_value_bytes
         positions = [i for i, v in enumerate(values) if v is not None and len(v) <= limit and one_line_json(v)]

@@ -46,6 +46,10 @@ def run_worker(settings: Settings, roles: str = "all", *, loglevel: str = "WARNI
     # out of the cyclic garbage collector's full passes, which otherwise walk all of it again and again.
     gc.collect()
     gc.freeze()
+    # A match batch allocates tens of thousands of short-lived objects (aiokafka builds a record object
+    # per message); collecting the youngest generation every 700 allocations walks them to free nothing.
+    # 8% more lines per CPU-second in the match role (docs/performance.md).
+    gc.set_threshold(50_000, 20, 20)
     # mode's worker needs a current event loop before it starts.
     try:
         asyncio.get_event_loop()
