@@ -28,6 +28,7 @@ ExprRole = Literal["main", "after", "end"]
 Buffer = bytes | mmap.mmap
 
 FREQUENT_CAP = 1024
+SHIP_BATCH_KEY = b'"rootrank"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +213,9 @@ class Matcher:
             from correlator.diagnosis.prefilter import json_string_edges
 
             exprs = [(i, json_string_edges(p), f) for i, p, f in [*self.main_expressions, *self.routine_expressions]]
+            # A `rootrank ship` batch (many lines in one value) must be decoded: its key reports it as a
+            # hit (any main id counts as one; ids need not be unique).
+            exprs.append((0, SHIP_BATCH_KEY, 0))
             self.json_prefilter_db = self._load_or_compile(exprs, self.use_cache)
         return self.json_prefilter_db
 

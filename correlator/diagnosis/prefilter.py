@@ -107,6 +107,7 @@ _PER_LINE_FIELD = re.compile(
 )
 # The keys the decoders take a line's text from, in their order (ingest/decoders/dispatch.py), as a string.
 _TEXT_FIELDS = (b'"log":"', b'"message":"', b'"MESSAGE":"', b'"msg":"')
+_OTHER_ESCAPE = re.compile(rb"\\[^n]")  # any escape but \n (and a backslash escaped itself)
 _INNER_NEWLINE = re.compile(rb'\\n(?!")')
 
 
@@ -213,8 +214,8 @@ class JsonScreen:
             joined = b"\n".join(whole)
             # Whether each value is a JSON object is left to the validation (`_broken_json`): a value that is
             # not is decoded, as any other.
-            if (joined.count(b"\n") == n - 1 and joined.count(b"\\") == joined.count(b"\\n")
-                    and b'"rootrank"' not in joined):
+            # A `rootrank ship` batch is reported by the scan itself (Matcher.json_prefilter).
+            if joined.count(b"\n") == n - 1 and _OTHER_ESCAPE.search(joined) is None:
                 return list(range(n)), whole, joined
         limit = self.max_value_bytes
         positions = [i for i, v in enumerate(values) if v is not None and len(v) <= limit and one_line_json(v)]

@@ -156,3 +156,19 @@ def test_a_mixed_batch_screens_the_json_and_decodes_the_rest(extractor: SignalEx
     same_with_and_without_screen(extractor, values)
     screened = JsonScreen(extractor.matcher, max_value_bytes=1 << 22).screen(values)
     assert {1, 2, 3, 4} <= set(screened.decode)  # plain text, empty, escaped, invalid UTF-8: decoded
+
+
+def test_a_shipped_batch_among_one_line_values_is_decoded(extractor: SignalExtractor) -> None:
+    """`rootrank ship` sends many lines in one JSON value: it must never be counted as one skipped line."""
+    from ingest.ship.wire_format import encode_batch
+
+    shipped = encode_batch([(1_764_741_000.0 + i, "stdout", f"[rank{i % 8}]: step {i} tokens/s 41234")
+                            for i in range(40)], job_id="llm-7b", host="gpu-node-003")
+    assert b"\\" not in shipped  # the batch path, not the value-by-value one
+    values = [fluent_bit(f"[rank{i}]: NCCL INFO Connected all rings", "gpu-node-001", 1.0 + i) for i in range(4)]
+    values.insert(2, shipped)
+    plain = outputs(extractor, values, screen=False)
+    assert plain[2] == 44  # lines: 4 one-line values and the batch's 40
+    same_with_and_without_screen(extractor, values)
+    screened = JsonScreen(extractor.matcher, max_value_bytes=1 << 22).screen(values)
+    assert 2 in screened.decode

@@ -193,7 +193,8 @@ class LogBatchReader(Service):  # type: ignore[misc]
             return RawMessage(record.value, record.topic, record.partition, record.offset, stamp)
 
         out: MatchOutput = self.processor.process_values(values, message_at)
-        metrics.count_match_batch(sum(len(v or b"") for v in values), out.lines, time.perf_counter() - started)
+        size = sum(map(len, values)) if None not in values else sum(len(v or b"") for v in values)
+        metrics.count_match_batch(size, out.lines, time.perf_counter() - started)
         metrics.count_signals(out.signals)
         metrics.count_dead_letters("match", out.dead_letters)
         producer = self.app.producer
