@@ -226,7 +226,8 @@ class JsonScreen:
 
     def _routine_winners(self, scanned: bytes, starts: list[int], routine_only: dict[int, list[tuple[int, int]]]) -> set[int]:
         winners: set[int] = set()
-        lines: list[tuple[int, bytes, list[tuple[int, int]]]] = []  # (position, text, hits)
+        positions: list[int] = []
+        bounds: list[tuple[int, int]] = []  # (opening quote, closing quote) of each line's text
         outsides: list[bytes] = []
         find = scanned.find
         for at, hits in routine_only.items():
@@ -237,33 +238,32 @@ class JsonScreen:
                     lo += len(name) - 1  # the opening quote
                     break
             hi = find(b'"', lo + 1, end) if lo >= 0 else -1
-            last = hits[0][0] - 1  # the first routine match's last byte (hyperscan reports in end order)
-            text = scanned[lo + 1:hi]
-            while text.endswith(b"\\n"):  # a Fluent Bit `log` ends with its newline
-                text = text[:-2]
-            if not lo < last <= hi or b"\\n" in text:
-                winners.add(at)  # not plainly in one line of the text: the extractor decides
+            newline = find(b"\\n", lo + 1, hi)
+            # The routine match in the text, and the text one line (a Fluent Bit `log` ends with a \n):
+            # else the extractor decides.
+            if not lo < hits[0][0] - 1 <= hi or (newline >= 0 and newline != hi - 2):
+                winners.add(at)
                 continue
-            lines.append((at, text, hits))
+            positions.append(at)
+            bounds.append((lo, hi))
             outsides.append(scanned[start:lo] + scanned[hi + 1:end])
-        if not lines:
+        if not positions:
             return winners
         streams = _PER_LINE_FIELD.sub(b"", b"\n".join(outsides)).split(b"\n")
-        if len(streams) != len(lines):  # a newline escape outside the text: one by one
+        if len(streams) != len(positions):  # a newline escape outside the text: one by one
             streams = [_PER_LINE_FIELD.sub(b"", outside) for outside in outsides]
         base = self.matcher.routine_base
         is_metric, value_of = self.matcher.routine_metric, self.matcher.routine_value
         latest: dict[tuple[int, bytes], int] = {}
         highest: dict[tuple[int, bytes], tuple[float, int]] = {}
         lowest: dict[tuple[int, bytes], tuple[float, int]] = {}
-        for (at, text, hits), stream in zip(lines, streams, strict=True):
-            for _, rid in hits:
-                key = (rid, stream)
+        for at, (lo, hi), stream in zip(positions, bounds, streams, strict=True):
+            for _, rid in routine_only[at]:
                 if not is_metric[rid - base]:
-                    latest[key] = at  # in buffer order: the last one is the latest
+                    latest[rid, stream] = at  # in buffer order: the last one is the latest
                     continue
                 regex, name = value_of[rid - base]
-                found = regex.search(text) if regex is not None else None
+                found = regex.search(scanned, lo + 1, hi) if regex is not None else None
                 if found is None or found.group(name) is None:
                     winners.add(at)
                     continue
@@ -273,6 +273,7 @@ class JsonScreen:
                     value = math.inf
                 if math.isnan(value):
                     value = math.inf  # as SignalExtractor.metric_value: abnormal by itself, kept
+                key = (rid, stream)
                 high = highest.get(key)
                 if high is None or value >= high[0]:
                     highest[key] = (value, at)
