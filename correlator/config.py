@@ -78,7 +78,7 @@ class EngineSettings(BaseModel):
     )
     batch_within_s: float = Field(default=0.2, description="longest wait to fill a match batch")
     match_max_records: int = Field(
-        default=20_000, description="most records the match role takes from one fetch (one getmany) and matches "
+        default=50_000, description="most records the match role takes from one fetch (one getmany) and matches "
         "as one batch, in runs of scan_max_bytes",
     )
     max_value_bytes: int = Field(
