@@ -107,6 +107,9 @@ _PER_LINE_FIELD = re.compile(
 )
 # The keys the decoders take a line's text from, in their order (ingest/decoders/dispatch.py), as a string.
 _TEXT_FIELDS = (b'"log":"', b'"message":"', b'"MESSAGE":"', b'"msg":"')
+# Larger values are decoded without a screen: a one-line record is far smaller, and a value this big is a
+# `rootrank ship` batch (up to 256 KiB of lines, decoded column by column) or a message the decoder cuts.
+SCREEN_MAX_VALUE_BYTES = 16 * 1024
 _OTHER_ESCAPE = re.compile(rb"\\[^n]")  # any escape but \n (and a backslash escaped itself)
 _INNER_NEWLINE = re.compile(rb'\\n(?!")')
 
@@ -209,7 +212,8 @@ class JsonScreen:
         """(positions, their values, the values joined), or None when no value is one-line JSON. The whole
         batch is checked at once first: forwarders send one shape."""
         n = len(values)
-        if n and None not in values and max(map(len, values)) <= self.max_value_bytes:  # type: ignore[arg-type]
+        limit = min(self.max_value_bytes, SCREEN_MAX_VALUE_BYTES)
+        if n and None not in values and max(map(len, values)) <= limit:  # type: ignore[arg-type]
             whole: list[bytes] = values  # type: ignore[assignment]
             joined = b"\n".join(whole)
             # Whether each value is a JSON object is left to the validation (`_broken_json`): a value that is
@@ -217,7 +221,6 @@ class JsonScreen:
             # A `rootrank ship` batch is reported by the scan itself (Matcher.json_prefilter).
             if joined.count(b"\n") == n - 1 and _OTHER_ESCAPE.search(joined) is None:
                 return list(range(n)), whole, joined
-        limit = self.max_value_bytes
         positions = [i for i, v in enumerate(values) if v is not None and len(v) <= limit and one_line_json(v)]
         if not positions:
             return None
