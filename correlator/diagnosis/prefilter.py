@@ -235,10 +235,10 @@ class JsonScreen:
         find = scanned.find
         for at, hits in routine_only.items():
             start, end = starts[at], starts[at + 1] - 1
-            for name in _TEXT_FIELDS:
-                lo = find(name, start, end)
+            for key in _TEXT_FIELDS:
+                lo = find(key, start, end)
                 if lo >= 0:
-                    lo += len(name) - 1  # the opening quote
+                    lo += len(key) - 1  # the opening quote
                     break
             hi = find(b'"', lo + 1, end) if lo >= 0 else -1
             newline = find(b"\\n", lo + 1, hi)
@@ -276,13 +276,13 @@ class JsonScreen:
                     value = math.inf
                 if math.isnan(value):
                     value = math.inf  # as SignalExtractor.metric_value: abnormal by itself, kept
-                key = (rid, stream)
-                high = highest.get(key)
+                pair = (rid, stream)
+                high = highest.get(pair)
                 if high is None or value >= high[0]:
-                    highest[key] = (value, at)
-                low = lowest.get(key)
+                    highest[pair] = (value, at)
+                low = lowest.get(pair)
                 if low is None or value < low[0]:
-                    lowest[key] = (value, at)
+                    lowest[pair] = (value, at)
         winners.update(latest.values())
         winners.update(at for _, at in highest.values())
         winners.update(at for _, at in lowest.values())

@@ -93,7 +93,7 @@ class RevocationListener(ConsumerRebalanceListener):  # type: ignore[misc]
         log.debug("match reader: partitions assigned %s", sorted(map(str, assigned)))
 
 
-class LogBatchReader(Service):  # type: ignore[misc]
+class LogBatchReader(Service):
     """Reads `logs_topic` in whole fetched batches and matches them; see the module docstring."""
 
     def __init__(self, app: Any, settings: Settings, processor: MatchProcessor, *, group: str,
