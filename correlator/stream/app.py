@@ -107,13 +107,13 @@ def _credentials(settings: Settings) -> Any:
     return None
 
 
-class ConsumerlessBoot(BootStrategy):  # type: ignore[misc]
+class ConsumerlessBoot(BootStrategy):
     """The match role's app starts no faust consumer: LogBatchReader owns the role's consumer."""
 
     enable_kafka_consumer = False
 
 
-class MatchApp(faust.App):  # type: ignore[misc]
+class MatchApp(faust.App):
     BootStrategy = ConsumerlessBoot
 
 
@@ -201,9 +201,9 @@ def _build_match(app: faust.App, settings: Settings, pipeline: Pipeline) -> None
     _install_rules_reload(app, settings, pipeline, lambda live: setattr(processor, "extractor", live.extractor))
     reader = LogBatchReader(app, settings, processor, group=group_id(settings, MATCH_ROLE),
                             max_records=engine.match_max_records, beacon=app.beacon)
-    app.match_reader = reader  # the metrics page and the readiness probe ask it (stream/metrics.py)
+    app.match_reader = reader  # type: ignore[attr-defined]  # the metrics page and /readyz ask it
 
-    @app.task
+    @app.task  # type: ignore[untyped-decorator]
     async def start_match_reader() -> None:
         await app.add_runtime_dependency(reader)
 
