@@ -316,6 +316,19 @@ class Matcher:
                         fields[name] = value
         return fields
 
+    def extract_field(self, rule_index: int, text: str, name: str) -> str | None:
+        """`extract(rule_index, text).get(name)`, searching only the regexes that have the group, and
+        stopping at the first that gives it (a metric line's value: every training step)."""
+        compiled_list = self._extractors.get(rule_index)
+        if compiled_list is None:
+            compiled_list = self._extractors[rule_index] = self._compile_extractors(self.rules[rule_index])
+        for compiled in compiled_list:
+            if name in compiled.groupindex:
+                m = compiled.search(text)
+                if m is not None and m.group(name) is not None:
+                    return m.group(name)
+        return None
+
     def matches(self, rule_index: int, text: str) -> bool:
         """Whether one line matches the rule's main patterns (used by rule tests, not the hot path)."""
         return any(

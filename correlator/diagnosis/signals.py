@@ -154,7 +154,7 @@ class SignalExtractor:
         rule = self.rules[hit.rule_index]
         assert rule.metric is not None
         try:
-            value = float(self.matcher.extract(hit.rule_index, text).get(rule.metric.field, "nan"))
+            value = float(self.matcher.extract_field(hit.rule_index, text, rule.metric.field) or "nan")
         except ValueError:
             value = float("nan")
         return float("inf") if math.isnan(value) else value  # nan/inf are abnormal by themselves: keep them

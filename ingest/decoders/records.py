@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 
 class DecodeError(ValueError):
@@ -102,13 +103,15 @@ class DecodedLines:
     the lines that hit. `record(i)` is what `decode_value(...)[i]` would be.
     """
 
-    __slots__ = ("_make", "_records", "texts")
+    __slots__ = ("_make", "_records", "_stream", "texts")
 
     def __init__(self, texts: list[str], records: list[RawRecord] | None = None,
-                 make: Callable[[int], RawRecord] | None = None) -> None:
+                 make: Callable[[int], RawRecord] | None = None,
+                 stream: Callable[[int], tuple[Any, ...]] | None = None) -> None:
         self.texts = texts
         self._records: list[RawRecord | None] = records if records is not None else [None] * len(texts)  # type: ignore[assignment]
         self._make = make
+        self._stream = stream
 
     @classmethod
     def of(cls, records: list[RawRecord]) -> DecodedLines:
@@ -123,6 +126,14 @@ class DecodedLines:
             assert self._make is not None
             record = self._records[index] = self._make(index)
         return record
+
+    def stream_key(self, index: int) -> tuple[Any, ...]:
+        """(host, rank, file, stream) of line `index`, without building its record when the decoder can
+        say it directly (a ship batch: the batch's identity and the line's stream)."""
+        if self._stream is not None:
+            return self._stream(index)
+        record = self.record(index)
+        return (record.host, record.rank, record.file, record.stream)
 
     def records(self) -> list[RawRecord]:
         return [self.record(i) for i in range(len(self.texts))]

@@ -89,4 +89,7 @@ def batch_lines(obj: dict[str, Any], received_ts: datetime | None, max_line_byte
         j = index[i] if index is not None else i
         return _ship_record(batch, j, ts_col[j], stream_col[j], texts[i], received_ts)
 
-    return DecodedLines(texts, make=make)
+    def stream(i: int) -> tuple[Any, ...]:
+        return (batch.host, batch.rank, batch.file, stream_col[index[i] if index is not None else i] or None)
+
+    return DecodedLines(texts, make=make, stream=stream)

@@ -201,8 +201,8 @@ class MatchProcessor:
             return event
 
         def stream_of(i: int) -> tuple[Any, ...]:
-            record = record_at(i)[0]
-            return (record.host, record.rank, record.file, record.stream)
+            segment = segments[i] if one_per_message else segments[bisect_right(starts, i) - 1]
+            return segment.lines.stream_key(i - segment.start)
 
         def order_of(i: int) -> int:
             event = event_at(i)
