@@ -257,3 +257,16 @@ def test_unreadable_stored_state_starts_the_job_afresh(ruleset: RuleSet, extract
 
     asyncio.run(scenario())
     assert [s["rank"] for s in h.table[b"job-e"]["state"]["signals"]] == [4]
+
+
+def test_a_window_restored_on_a_partition_just_taken_waits_a_quiet_window() -> None:
+    """After a restart or a rebalance the table holds windows whose last signal is old: the match role
+    may still be catching up on the rest of the failure, so such a window closes a quiet window after the
+    partition was taken, not at once (the kill -9 test closed half a failure otherwise)."""
+    entries = [(b"restored", {"open": True, "last_update": 100.0, "partition": 1}),
+               (b"fresh", {"open": True, "last_update": 119.0, "partition": 1})]
+    taken = {1: 118.0}
+    assert quiet_jobs(entries, now=120.0, quiet_window_s=5.0, active_partitions={1}) == ["restored"]
+    assert quiet_jobs(entries, now=120.0, quiet_window_s=5.0, active_partitions={1}, taken_at=taken) == []
+    assert next_quiet_at(entries, now=120.0, quiet_window_s=5.0, active_partitions={1}, taken_at=taken) == 123.0
+    assert quiet_jobs(entries, now=123.5, quiet_window_s=5.0, active_partitions={1}, taken_at=taken) == ["restored"]

@@ -355,32 +355,39 @@ def make_correlate_agent(
     return app.agent(source, name=name)(correlate)
 
 
-def _open_windows(table_items: Iterable[tuple[bytes | str, Any]],
-                  active_partitions: set[int] | None) -> Iterator[tuple[str, float | None]]:
+def _open_windows(table_items: Iterable[tuple[bytes | str, Any]], active_partitions: set[int] | None,
+                  taken_at: dict[int, float] | None = None) -> Iterator[tuple[str, float | None]]:
     """(job id, last update) of each open window on partitions this worker owns.
 
-    Reads only the small bookkeeping fields of each entry (the table holds plain dicts in memory).
+    A window on a partition this worker took at `taken_at[partition]` counts as updated then at the
+    earliest: a window restored from the changelog after a restart or a rebalance gets a whole quiet
+    window for the match role to catch up on what arrived meanwhile, instead of closing at once on the
+    signals from before (half a failure). Reads only the small bookkeeping fields of each entry.
     """
     for job_id, data in table_items:
         if not isinstance(data, dict) or not data.get("open"):
             continue
-        if active_partitions is not None and data.get("partition") not in active_partitions:
+        partition = data.get("partition")
+        if active_partitions is not None and partition not in active_partitions:
             continue
         last = data.get("last_update")
+        floor = taken_at.get(partition) if taken_at else None
+        if floor is not None:
+            last = floor if last is None else max(float(last), floor)
         yield (job_id.decode("utf-8") if isinstance(job_id, bytes) else job_id), (None if last is None else float(last))
 
 
 def quiet_jobs(table_items: Iterable[tuple[bytes | str, Any]], now: float, quiet_window_s: float,
-               active_partitions: set[int] | None) -> list[str]:
+               active_partitions: set[int] | None, taken_at: dict[int, float] | None = None) -> list[str]:
     """Jobs with an open window and no new signal for `quiet_window_s`, on partitions this worker owns."""
-    return [job for job, last in _open_windows(table_items, active_partitions)
+    return [job for job, last in _open_windows(table_items, active_partitions, taken_at)
             if last is None or now - last >= quiet_window_s]
 
 
 def next_quiet_at(table_items: Iterable[tuple[bytes | str, Any]], now: float, quiet_window_s: float,
-                  active_partitions: set[int] | None) -> float | None:
+                  active_partitions: set[int] | None, taken_at: dict[int, float] | None = None) -> float | None:
     """When the next open window (on partitions this worker owns) goes quiet, if none is quiet yet."""
-    coming = [last + quiet_window_s for _job, last in _open_windows(table_items, active_partitions)
+    coming = [last + quiet_window_s for _job, last in _open_windows(table_items, active_partitions, taken_at)
               if last is not None and last + quiet_window_s > now]
     return min(coming, default=None)
 
@@ -401,14 +408,19 @@ def make_close_timer(
     requests to jobs on partitions this worker actively owns (standby copies are skipped)."""
     requested: dict[str, float] = {}
     wakeup: list[Any] = []  # the pending early run (an asyncio TimerHandle), at most one
+    taken_at: dict[int, float] = {}  # partition -> when this worker was first seen owning it
 
     async def close_quiet_windows() -> None:
         now = clock()
         actives: set[int] | None = None
         if signals_topic is not None:
             actives = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == signals_topic}
+            for partition in actives - taken_at.keys():
+                taken_at[partition] = now
+            for partition in taken_at.keys() - actives:
+                del taken_at[partition]
         items = list(table_items())
-        for job_id in quiet_jobs(items, now, quiet_window_s, actives):
+        for job_id in quiet_jobs(items, now, quiet_window_s, actives, taken_at):
             # Ask again only if the last request was not handled within a quiet window (e.g. a rebalance).
             if now - requested.get(job_id, 0.0) < max(quiet_window_s, interval_s * 3):
                 continue
@@ -416,7 +428,7 @@ def make_close_timer(
             await ticks_out.send(key=job_id.encode("utf-8"), value=close_message(job_id, now))
         # A window that goes quiet before the next tick is asked to close when it does, not up to a
         # whole tick later (the tick only bounds how long the table goes unchecked).
-        soonest = next_quiet_at(items, now, quiet_window_s, actives)
+        soonest = next_quiet_at(items, now, quiet_window_s, actives, taken_at)
         if soonest is not None and soonest - now < interval_s and not wakeup:
             loop = asyncio.get_running_loop()
 
