@@ -33,6 +33,6 @@ def test_state_benchmark_prints_rss_against_its_baseline_and_the_doubling_ratio(
 
 
 def test_run_lists_every_benchmark_and_refuses_unknown_names() -> None:
-    assert set(run.BENCHMARKS) == {"matcher", "end-to-end", "latency", "state"}
+    assert set(run.BENCHMARKS) == {"matcher", "end-to-end", "stream", "latency", "state"}
     with pytest.raises(SystemExit):
         run.main(["--only", "nonsense"])
