@@ -182,29 +182,102 @@ class SignalExtractor:
 
         Routine hits (progress markers, metric values) collapse per rule and stream within the batch:
         the latest progress line, the largest value (the smallest rides along as `metric_min`). The
-        job state keeps the same per process, so this only saves work.
+        job state keeps the same per process, so this only saves work. A routine hit on a line nothing
+        else hit costs no Hit object (`_routine_lines`): half the lines of a training log are such.
         """
-        hits = best_hits_per_line(self._scan_texts(texts), self.rules)
-        out: list[Signal] = []
+        joined = "\n".join(texts)
+        buf: bytes | None = None
+        if texts and joined.count("\n") == len(texts) - 1:
+            try:
+                buf = joined.encode("utf-8")
+            except UnicodeEncodeError:
+                buf = None
         routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]] = {}
-        for index, hit in hits:
+        if buf is None:
+            indexed = self._scan_texts(texts)
+        else:
+            main_raw, routine_raw = self.matcher.scan_split(buf)
+            indexed = self._index_hits(buf, self.matcher.scan_buffer(buf, raw=main_raw))
+            indexed.extend(self._routine_lines(buf, routine_raw, {i for i, _ in indexed}, texts, stream_of, routine))
+            indexed.sort(key=lambda pair: (pair[0], pair[1].rule_index))
+        out: list[Signal] = []
+        for index, hit in best_hits_per_line(indexed, self.rules):
             if not self.is_routine(hit):
                 out.append(self.signal_for(event_at(index), hit, order_of(index), raw=texts[index]))
                 continue
-            key = (hit.rule_index, hit.role, stream_of(index))
-            value = self.metric_value(hit, texts[index]) if hit.role == "main" else float(index)
-            current = routine.get(key)
-            low = value if current is None else min(current[3], value)
-            if current is None or value >= current[0]:
-                routine[key] = (value, index, hit, low)
-            else:
-                routine[key] = (current[0], current[1], current[2], low)
+            self._keep_routine(routine, (hit.rule_index, hit.role, stream_of(index)), index, hit, texts[index])
         for _value, index, hit, low in routine.values():
             signal = self.signal_for(event_at(index), hit, order_of(index), raw=texts[index])
             if "metric" in signal.fields:
                 signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
             out.append(signal)
         return out
+
+    def _keep_routine(self, routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]],
+                      key: tuple[int, str, Hashable], index: int, hit: Hit, text: str) -> None:
+        value = self.metric_value(hit, text) if hit.role == "main" else float(index)
+        current = routine.get(key)
+        low = value if current is None else min(current[3], value)
+        if current is None or value >= current[0]:
+            routine[key] = (value, index, hit, low)
+        else:
+            routine[key] = (current[0], current[1], current[2], low)
+
+    @staticmethod
+    def _index_hits(buf: bytes, hits: Sequence[Hit]) -> list[tuple[int, Hit]]:
+        out: list[tuple[int, Hit]] = []
+        index = previous = 0
+        for hit in hits:
+            index += buf.count(b"\n", previous, hit.start)
+            previous = hit.start
+            out.append((index, hit))
+        return out
+
+    def _routine_lines(self, buf: bytes, routine_raw: Sequence[tuple[int, int]], hard_lines: set[int],
+                       texts: Sequence[str], stream_of: Callable[[int], Hashable],
+                       routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]]) -> list[tuple[int, Hit]]:
+        """Fold the routine hits of lines no other rule hit into `routine`, as `best_hits_per_line` and the
+        loop of `from_texts` would: per line, one metric hit (the best rule) and every progress marker.
+        Routine hits on the other lines are returned as Hits, for the ordinary path."""
+        matcher = self.matcher
+        base, expand, exprs, rules = matcher.routine_base, matcher.routine_expand, matcher.exprs, self.rules
+        passed: list[tuple[int, Hit]] = []
+        index = previous = 0
+        line: int | None = None
+        members: list[int] = []
+
+        def fold(at: int, expr_ids: list[int]) -> None:
+            best: Hit | None = None
+            seen: set[tuple[int, str]] = set()
+            for expr_id in expr_ids:
+                expr = exprs[expr_id]
+                if (expr.rule_index, expr.role) in seen:
+                    continue
+                seen.add((expr.rule_index, expr.role))
+                hit = Hit(0, 0, expr.rule_index, expr.role)
+                if at in hard_lines:
+                    passed.append((at, hit))
+                elif (expr.role == "main" and rules[expr.rule_index].kind == "signature"
+                      and rules[expr.rule_index].sequence is None and rules[expr.rule_index].absence is None):
+                    if best is None or _rank(rules[expr.rule_index]) > _rank(rules[best.rule_index]):
+                        best = hit  # one failure per line: the most specific metric rule
+                else:
+                    self._keep_routine(routine, (expr.rule_index, expr.role, stream_of(at)), at, hit, texts[at])
+            if best is not None:
+                self._keep_routine(routine, (best.rule_index, best.role, stream_of(at)), at, best, texts[at])
+
+        for to, rid in routine_raw:
+            probe = to - 1 if to > 0 and buf[to - 1] == 10 else to  # a match that ends on the newline
+            index += buf.count(b"\n", previous, probe)
+            previous = probe
+            if line is not None and index != line:
+                fold(line, members)
+                members = []
+            line = index
+            members.extend(expand[rid - base])
+        if line is not None:
+            fold(line, members)
+        return passed
 
     def from_events(self, events: Sequence[LogEvent], *, order_base: int = 0) -> list[Signal]:
         return self.from_texts(
