@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Sequence
 
-from correlator.diagnosis.matcher import Hit, Matcher
+from correlator.diagnosis.matcher import FREQUENT_CAP, Hit, Matcher
 from correlator.diagnosis.models import MAX_EVIDENCE_LINE, Signal
 from correlator.diagnosis.rules import GENERIC_CLASSES, Rule, RuleSet
 from ingest.event import LogEvent
@@ -266,7 +266,22 @@ class SignalExtractor:
             if best is not None:
                 self._keep_routine(routine, (best.rule_index, best.role, stream_of(at)), at, best, texts[at])
 
-        for to, rid in routine_raw:
+        # As Matcher.scan_buffer: of a progress marker only the latest FREQUENT_CAP hits per buffer count
+        # (a shipped buffer holds hundreds of thousands of step lines).
+        is_metric = matcher.routine_metric
+        counts: dict[int, int] = {}
+        skip: set[int] = set()
+        for k in range(len(routine_raw) - 1, -1, -1):
+            rid = routine_raw[k][1]
+            if not is_metric[rid - base]:
+                seen_of_rid = counts.get(rid, 0)
+                if seen_of_rid >= FREQUENT_CAP:
+                    skip.add(k)
+                else:
+                    counts[rid] = seen_of_rid + 1
+        for k, (to, rid) in enumerate(routine_raw):
+            if k in skip:
+                continue
             probe = to - 1 if to > 0 and buf[to - 1] == 10 else to  # a match that ends on the newline
             index += buf.count(b"\n", previous, probe)
             previous = probe
