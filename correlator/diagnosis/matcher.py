@@ -290,13 +290,13 @@ class Matcher:
         starts = [0, *accumulate(len(line) + 1 for line in lines)]
         return [(bisect_right(starts, hit.start) - 1, hit) for hit in self.scan_buffer(buf)]
 
-    def scan_joined(self, buf: bytes) -> list[tuple[int, Hit]]:
+    def scan_joined(self, buf: bytes, *, raw: list[tuple[int, int]] | None = None) -> list[tuple[int, Hit]]:
         """Hits for lines joined with newlines, none holding one itself: (line index, hit). A hit's
         index is the number of newlines before it, counted on from the previous hit (hits come in
-        buffer order), so no per-line offsets are built."""
+        buffer order), so no per-line offsets are built. `raw`: as for `scan_buffer`."""
         out: list[tuple[int, Hit]] = []
         index = previous = 0
-        for hit in self.scan_buffer(buf):
+        for hit in self.scan_buffer(buf, raw=raw):
             index += buf.count(b"\n", previous, hit.start)
             previous = hit.start
             out.append((index, hit))

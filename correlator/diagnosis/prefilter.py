@@ -27,10 +27,10 @@ from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import hyperscan
-import orjson
 import simdjson
 
-from ingest.decoders.records import split_lines
+from ingest.decoders import DecodeError
+from ingest.decoders.dispatch import TEXT_KEYS, decode_lines
 
 if TYPE_CHECKING:
     from correlator.diagnosis.matcher import Matcher
@@ -105,22 +105,20 @@ _PER_LINE_FIELD = re.compile(
     rb'"(?:@timestamp|date|time|timestamp|ts|offset|_SOURCE_REALTIME_TIMESTAMP|_SOURCE_MONOTONIC_TIMESTAMP'
     rb'|__REALTIME_TIMESTAMP|__MONOTONIC_TIMESTAMP|__CURSOR|__SEQNUM)":(?:"[^"\n]*"|[^,}\]\n]*),?'
 )
+def _line_count(value: bytes) -> int:
+    try:
+        return len(decode_lines(value))
+    except DecodeError:  # a value the decoder refuses is one line read, as the screen counts it
+        return 1
+
+
 # The keys the decoders take a line's text from, in their order (ingest/decoders/dispatch.py), as a string.
-_TEXT_FIELDS = (b'"log":"', b'"message":"', b'"MESSAGE":"', b'"msg":"')
+_TEXT_FIELDS = tuple(f'"{key}":"'.encode() for key in TEXT_KEYS)
 # Larger values are decoded without a screen: a one-line record is far smaller, and a value this big is a
 # `rootrank ship` batch (up to 256 KiB of lines, decoded column by column) or a message the decoder cuts.
 SCREEN_MAX_VALUE_BYTES = 16 * 1024
 _OTHER_ESCAPE = re.compile(rb"\\[^n]")  # any escape but \n (and a backslash escaped itself)
 _INNER_NEWLINE = re.compile(rb'\\n(?!")')
-
-
-def _decoded_line_count(value: bytes) -> int:
-    obj = orjson.loads(value)
-    for key in ("log", "message", "MESSAGE", "msg"):  # the decoders' order (ingest/decoders/dispatch.py)
-        text = obj.get(key) if isinstance(obj, dict) else None
-        if isinstance(text, str):
-            return len(split_lines(text))
-    return 1
 
 
 @dataclass
@@ -185,7 +183,7 @@ class JsonScreen:
         """Lines of the skipped values beyond one each, as the decoder counts them: a value with a `\n`
         escape that does not just end its string (a multi-line record) is decoded to count its lines."""
         multi = {bisect_right(starts, m.start()) - 1 for m in _INNER_NEWLINE.finditer(joined)} - chosen
-        return sum(_decoded_line_count(raw[at]) - 1 for at in multi)
+        return sum(_line_count(raw[at]) - 1 for at in multi)
 
     def _broken_json(self, raw: Sequence[bytes], joined: bytes) -> set[int]:
         """Positions of the values that are not valid JSON (the decoder dead-letters them with the reason).

@@ -197,7 +197,7 @@ class SignalExtractor:
             indexed = self._scan_texts(texts)
         else:
             main_raw, routine_raw = self.matcher.scan_split(buf)
-            indexed = self._index_hits(buf, self.matcher.scan_buffer(buf, raw=main_raw))
+            indexed = self.matcher.scan_joined(buf, raw=main_raw)
             indexed.extend(self._routine_lines(buf, routine_raw, {i for i, _ in indexed}, texts, stream_of, routine))
             indexed.sort(key=lambda pair: (pair[0], pair[1].rule_index))
         out: list[Signal] = []
@@ -222,16 +222,6 @@ class SignalExtractor:
             routine[key] = (value, index, hit, low)
         else:
             routine[key] = (current[0], current[1], current[2], low)
-
-    @staticmethod
-    def _index_hits(buf: bytes, hits: Sequence[Hit]) -> list[tuple[int, Hit]]:
-        out: list[tuple[int, Hit]] = []
-        index = previous = 0
-        for hit in hits:
-            index += buf.count(b"\n", previous, hit.start)
-            previous = hit.start
-            out.append((index, hit))
-        return out
 
     def _routine_lines(self, buf: bytes, routine_raw: Sequence[tuple[int, int]], hard_lines: set[int],
                        texts: Sequence[str], stream_of: Callable[[int], Hashable],

@@ -95,6 +95,10 @@ def _explicit_identity(obj: Mapping[str, Any], rec: RawRecord) -> None:
             rec.attempt = int_field(scope["attempt"])
 
 
+# The keys a forwarder's object holds its line's text under, in the order `_decode_object` tries them.
+TEXT_KEYS = ("log", "message", "MESSAGE", "msg")
+
+
 def _decode_object(obj: dict[str, Any], received_ts: datetime | None, max_line_bytes: int) -> list[RawRecord]:
     if is_ship_batch(obj):
         return rootrank_ship.decode_batch(obj, received_ts, max_line_bytes)
