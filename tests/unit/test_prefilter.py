@@ -172,3 +172,14 @@ def test_a_shipped_batch_among_one_line_values_is_decoded(extractor: SignalExtra
     same_with_and_without_screen(extractor, values)
     screened = JsonScreen(extractor.matcher, max_value_bytes=1 << 22).screen(values)
     assert 2 in screened.decode
+
+
+def test_a_line_with_two_metrics_gives_one_signal_as_any_other_line(extractor: SignalExtractor) -> None:
+    """One line is one failure (`best_hits_per_line`): a Megatron step line matches both the parameter-norm
+    and the grad-norm metric rules, and only the better rule's signal comes out, on the folded routine
+    path of `from_texts` as on the ordinary one."""
+    line = (" iteration     3100/  200000 | lm loss: 2.011E+00 | params norm: 412.551 | grad norm: 0.377 |"
+            " number of skipped iterations:   0 |")
+    signals = outputs(extractor, [vector(line, "gpu-node-000", "2026-12-03T06:00:00Z")], screen=False)[0]
+    metrics = [s for s in map(orjson.loads, signals) if "metric" in s.get("fields", {})]
+    assert len(metrics) == 1, [m["rule_id"] for m in metrics]
