@@ -16,7 +16,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Literal
+from typing import Any, Literal
 
 import hyperscan
 
@@ -108,15 +108,23 @@ class Matcher:
         by_members: dict[tuple[tuple[int, ...], bool], list[str]] = {}
         for (pattern, caseless), members in progress.items():
             by_members.setdefault((tuple(members), caseless), []).append(pattern)
+        # per progress id: (the expression as in the routine database, the same without its line tail)
+        self.progress_expressions: dict[int, tuple[tuple[int, bytes, int], tuple[int, bytes, int]]] = {}
         for (member_ids, caseless), patterns in by_members.items():
-            joined = "(?:" + "|".join(f"(?:{p})" for p in patterns) + ")[^\n]*$"
-            routine.append((self.routine_base + len(self.routine_expand), joined.encode("utf-8"),
-                            pattern_flags(caseless)))
+            rid = self.routine_base + len(self.routine_expand)
+            either = "(?:" + "|".join(f"(?:{p})" for p in patterns) + ")"
+            line = (rid, (either + "[^\n]*$").encode("utf-8"), pattern_flags(caseless))
+            routine.append(line)
+            self.progress_expressions[rid] = (
+                line, (rid, either.encode("utf-8"), pattern_flags(caseless) | hyperscan.HS_FLAG_SINGLEMATCH))
             self.routine_expand.append(member_ids)
             self.routine_metric.append(False)
             self.routine_value.append((None, ""))
         self.routine_db = self._load_or_compile(routine, use_cache) if routine else None
         self.routine_expressions = routine
+        # For scan_routine's runs, built on first use: the metric patterns alone, and per progress id a
+        # database that reports each line and one that reports the first match only.
+        self._run_databases: tuple[hyperscan.Database | None, dict[int, tuple[hyperscan.Database, hyperscan.Database]]] | None = None
         self._local = threading.local()
         if use_cache:
             store_databases(ruleset, self._new_databases)
@@ -180,23 +188,27 @@ class Matcher:
         hits.extend(routine)
         return hits
 
-    def scan_split(self, buf: Buffer, lo: int = 0, hi: int | None = None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """The main database's matches and the routine database's, apart: (end offset, id) each, in
-        buffer order. A progress id's end offset is its line's end; a metric id's is the match's end."""
+    def scan_split(self, buf: Buffer, lo: int = 0, hi: int | None = None, *,
+                   main: bool = True, routine: bool = True) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The main database's matches and the routine database's, apart (a database not asked for gives
+        none): (end offset, id) each, in buffer order. A progress id's end offset is its line's end; a
+        metric id's is the match's end."""
+        scan_main, scan_routine = main, routine
         hi = len(buf) if hi is None else hi
         hits: list[tuple[int, int]] = []
-        routine: list[tuple[int, int]] = []
+        routine_hits: list[tuple[int, int]] = []
         if hi <= lo:
-            return hits, routine
+            return hits, routine_hits
         scratch = self._scratch()
         view = memoryview(buf)[lo:hi]  # no copy: hyperscan reads the caller's buffer (bytes or mmap)
         try:
             def on_match(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
                 hits.append((lo + to, expr_id))
 
-            self.db.scan(view, match_event_handler=on_match, scratch=scratch[0])  # type: ignore[type-var]
-            if self.routine_db is not None:
-                add = routine.append
+            if scan_main:
+                self.db.scan(view, match_event_handler=on_match, scratch=scratch[0])  # type: ignore[type-var]
+            if self.routine_db is not None and scan_routine:
+                add = routine_hits.append
 
                 def on_routine(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
                     add((lo + to, expr_id))
@@ -204,7 +216,100 @@ class Matcher:
                 self.routine_db.scan(view, match_event_handler=on_routine, scratch=scratch[1])  # type: ignore[type-var]
         finally:
             view.release()
-        return hits, routine
+        return hits, routine_hits
+
+    def scan_routine(self, buf: bytes, runs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The routine matches `scan_split` gives, (end offset, routine id) in buffer order, except that in
+        each of `runs` a progress id reports only its last line. A run is a byte range [lo, hi) of whole
+        lines of one stream, of which the extractor keeps the latest progress line only, and a training
+        log is mostly step lines: a run's progress costs a scan of its tail and a presence check, not a
+        callback per line. Outside the runs every match is reported."""
+        if self.routine_db is None:
+            return []
+        if not runs:
+            return self.scan_split(buf, main=False)[1]
+        metric_db, progress_dbs = self._databases_for_runs()
+        out: list[tuple[int, int]] = []
+        add = out.append
+
+        def on_match(expr_id: int, _from: int, to: int, _flags: int, base: Any) -> None:
+            add((base + to, expr_id))
+
+        view = memoryview(buf)
+        try:
+            if metric_db is not None:
+                metric_db.scan(view, match_event_handler=on_match, scratch=self._scratch_for(metric_db), context=0)  # type: ignore[type-var]
+            gaps: list[tuple[int, int]] = []
+            at = 0
+            for lo, hi in runs:
+                if lo > at:
+                    gaps.append((at, lo))
+                at = hi
+            if at < len(buf):
+                gaps.append((at, len(buf)))
+            for db, _first in progress_dbs.values():
+                for lo, hi in gaps:
+                    db.scan(view[lo:hi], match_event_handler=on_match, scratch=self._scratch_for(db), context=lo)  # type: ignore[type-var]
+            for rid, (db, first) in progress_dbs.items():
+                for lo, hi in runs:
+                    last = self._last_match(view, buf, lo, hi, db, first)
+                    if last is not None:
+                        add((last, rid))
+        finally:
+            view.release()
+        out.sort()
+        return out
+
+    def _last_match(self, view: memoryview, buf: bytes, lo: int, hi: int,
+                    db: hyperscan.Database, first: hyperscan.Database) -> int | None:
+        """The end offset of the last line of buf[lo:hi] that `db` reports, or None: scans of growing
+        tails (each from a line start), after the first empty one a check that the rest matches at all."""
+        found: list[int] = []
+
+        def on_line(_id: int, _from: int, to: int, _flags: int, base: Any) -> None:
+            found.append(base + to)
+
+        def on_first(_id: int, _from: int, to: int, _flags: int, _ctx: object) -> bool:
+            found.append(to)
+            return True  # stop: one is enough
+
+        size, top, checked = 4096, hi, False
+        while top > lo:
+            start = lo if top - size <= lo else max(lo, buf.rfind(b"\n", lo, top - size) + 1)
+            db.scan(view[start:top], match_event_handler=on_line, scratch=self._scratch_for(db), context=start)  # type: ignore[type-var]
+            if found:
+                return found[-1]
+            if not checked and start > lo:
+                try:
+                    first.scan(view[lo:start], match_event_handler=on_first, scratch=self._scratch_for(first))  # type: ignore[type-var]
+                except hyperscan.ScanTerminated:
+                    pass  # on_first stopped it
+                if not found:
+                    return None
+                found.clear()
+                checked = True
+            top, size = start, size * 4
+        return None
+
+    def _databases_for_runs(self) -> tuple[hyperscan.Database | None, dict[int, tuple[hyperscan.Database, hyperscan.Database]]]:
+        if self._run_databases is None:
+            metric = [e for e in self.routine_expressions if e[0] not in self.progress_expressions]
+            self._run_databases = (
+                self._load_or_compile(metric, self.use_cache) if metric else None,
+                {rid: (self._load_or_compile([line], self.use_cache), self._load_or_compile([first], self.use_cache))
+                 for rid, (line, first) in self.progress_expressions.items()},
+            )
+        return self._run_databases
+
+    def _scratch_for(self, db: hyperscan.Database) -> hyperscan.Scratch:
+        """This thread's scratch space for one of the databases built after start-up."""
+        spaces: dict[int, hyperscan.Scratch] | None = getattr(self._local, "spaces", None)
+        if spaces is None:
+            spaces = self._local.spaces = {}
+        scratch = spaces.get(id(db))
+        if scratch is None:
+            scratch = spaces[id(db)] = hyperscan.Scratch(db)
+        return scratch
 
     def json_prefilter(self) -> hyperscan.Database:
         """Every expression of both databases (same ids) in the form `prefilter.json_string_edges` gives
@@ -316,18 +421,12 @@ class Matcher:
                         fields[name] = value
         return fields
 
-    def extract_field(self, rule_index: int, text: str, name: str) -> str | None:
-        """`extract(rule_index, text).get(name)`, searching only the regexes that have the group, and
-        stopping at the first that gives it (a metric line's value: every training step)."""
+    def field_regexes(self, rule_index: int, name: str) -> list[tuple[re.Pattern[str], str]]:
+        """The rule's regexes that have the group `name`, in the order `extract` tries them."""
         compiled_list = self._extractors.get(rule_index)
         if compiled_list is None:
             compiled_list = self._extractors[rule_index] = self._compile_extractors(self.rules[rule_index])
-        for compiled in compiled_list:
-            if name in compiled.groupindex:
-                m = compiled.search(text)
-                if m is not None and m.group(name) is not None:
-                    return m.group(name)
-        return None
+        return [(compiled, name) for compiled in compiled_list if name in compiled.groupindex]
 
     def matches(self, rule_index: int, text: str) -> bool:
         """Whether one line matches the rule's main patterns (used by rule tests, not the hot path)."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Hashable, Sequence
+from itertools import pairwise
 
 from correlator.diagnosis.matcher import FREQUENT_CAP, Hit, Matcher
 from correlator.diagnosis.models import MAX_EVIDENCE_LINE, Signal
@@ -56,12 +58,42 @@ def _rank(rule: Rule) -> tuple[bool, float]:
     return (rule.class_ not in GENERIC_CLASSES, rule.confidence)
 
 
+# A run of fewer lines gains nothing from a tail scan over its own per-line matches.
+MIN_RUN_LINES = 16
+
+
+def _encode_lines(texts: Sequence[str], runs: Sequence[tuple[int, int]]) -> tuple[bytes, list[tuple[int, int]]] | None:
+    """The texts joined with newlines as UTF-8, and each run's byte range in it ([start of its first line,
+    start of the line after it)); None if a text holds a newline or cannot be encoded."""
+    if not texts:
+        return None
+    cuts = sorted({0, len(texts), *(edge for run in runs for edge in run)})
+    parts: list[bytes] = []
+    at: dict[int, int] = {0: 0}
+    offset = 0
+    try:
+        for lo, hi in pairwise(cuts):
+            joined = "\n".join(texts[lo:hi])
+            if joined.count("\n") != hi - lo - 1:
+                return None
+            part = joined.encode("utf-8")
+            parts.append(part)
+            offset += len(part) + 1
+            at[hi] = offset
+    except UnicodeEncodeError:  # lone surrogates
+        return None
+    buf = parts[0] if len(parts) == 1 else b"\n".join(parts)
+    return buf, [(at[lo], min(at[hi], len(buf))) for lo, hi in runs]
+
+
 class SignalExtractor:
     def __init__(self, ruleset: RuleSet, matcher: Matcher | None = None) -> None:
         self.ruleset = ruleset
         self.matcher = matcher or Matcher(ruleset)
         self.rules = self.matcher.rules
         self._roles = [ruleset.role_of(rule) for rule in self.rules]
+        self._plans: dict[tuple[int, ...], tuple[list[Hit], list[Hit]]] = {}
+        self._value_regexes: dict[int, list[tuple[re.Pattern[str], str]]] = {}
 
     def signal_for(self, event: LogEvent, hit: Hit, order: int, *, raw: str | None = None,
                    time_borrowed: bool = False) -> Signal:
@@ -151,13 +183,8 @@ class SignalExtractor:
         return hit.role == "main" and rule.metric is not None
 
     def metric_value(self, hit: Hit, text: str) -> float:
-        rule = self.rules[hit.rule_index]
-        assert rule.metric is not None
-        try:
-            value = float(self.matcher.extract_field(hit.rule_index, text, rule.metric.field) or "nan")
-        except ValueError:
-            value = float("nan")
-        return float("inf") if math.isnan(value) else value  # nan/inf are abnormal by themselves: keep them
+        """The metric's value on a line the rule hit; nan, inf or none at all is inf (abnormal by itself: kept)."""
+        return self._metric_of_line(hit.rule_index, text)
 
     def _scan_texts(self, texts: Sequence[str]) -> list[tuple[int, Hit]]:
         """`Matcher.scan_lines` over the texts, encoded once as one joined buffer: (line index, hit)."""
@@ -177,6 +204,7 @@ class SignalExtractor:
         event_at: Callable[[int], LogEvent],
         stream_of: Callable[[int], Hashable],
         order_of: Callable[[int], int],
+        runs: Sequence[tuple[int, int]] = (),
     ) -> list[Signal]:
         """Scan a batch of raw lines once; build events only for the lines that hit.
 
@@ -184,21 +212,21 @@ class SignalExtractor:
         the latest progress line, the largest value (the smallest rides along as `metric_min`). The
         job state keeps the same per process, so this only saves work. A routine hit on a line nothing
         else hit costs no Hit object (`_routine_lines`): half the lines of a training log are such.
+        `runs`: ranges [lo, hi) of lines that share one `stream_of` (a shipped batch's), whose latest
+        progress lines are found by scanning their tails (`Matcher.scan_routine`).
         """
-        joined = "\n".join(texts)
-        buf: bytes | None = None
-        if texts and joined.count("\n") == len(texts) - 1:
-            try:
-                buf = joined.encode("utf-8")
-            except UnicodeEncodeError:
-                buf = None
         routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]] = {}
-        if buf is None:
+        runs = [run for run in runs if run[1] - run[0] >= MIN_RUN_LINES]
+        encoded = _encode_lines(texts, runs)
+        if encoded is None:
             indexed = self._scan_texts(texts)
         else:
-            main_raw, routine_raw = self.matcher.scan_split(buf)
+            buf, byte_runs = encoded
+            main_raw, _ = self.matcher.scan_split(buf, routine=False)
+            routine_raw = self.matcher.scan_routine(buf, byte_runs)
             indexed = self.matcher.scan_joined(buf, raw=main_raw)
-            indexed.extend(self._routine_lines(buf, routine_raw, {i for i, _ in indexed}, texts, stream_of, routine))
+            indexed.extend(self._routine_lines(buf, routine_raw, {i for i, _ in indexed}, texts, stream_of, routine,
+                                               runs))
             indexed.sort(key=lambda pair: (pair[0], pair[1].rule_index))
         out: list[Signal] = []
         for index, hit in best_hits_per_line(indexed, self.rules):
@@ -206,7 +234,7 @@ class SignalExtractor:
                 out.append(self.signal_for(event_at(index), hit, order_of(index), raw=texts[index]))
                 continue
             self._keep_routine(routine, (hit.rule_index, hit.role, stream_of(index)), index, hit, texts[index])
-        for _value, index, hit, low in routine.values():
+        for _value, index, hit, low in sorted(routine.values(), key=lambda kept: kept[1]):  # in line order
             signal = self.signal_for(event_at(index), hit, order_of(index), raw=texts[index])
             if "metric" in signal.fields:
                 signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
@@ -223,45 +251,85 @@ class SignalExtractor:
         else:
             routine[key] = (current[0], current[1], current[2], low)
 
-    def _routine_lines(self, buf: bytes, routine_raw: Sequence[tuple[int, int]], hard_lines: set[int],
-                       texts: Sequence[str], stream_of: Callable[[int], Hashable],
-                       routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]]) -> list[tuple[int, Hit]]:
-        """Fold the routine hits of lines no other rule hit into `routine`, as `best_hits_per_line` and the
-        loop of `from_texts` would: per line, one metric hit (the best rule) and every progress marker.
-        Routine hits on the other lines are returned as Hits, for the ordinary path."""
-        matcher = self.matcher
-        base, expand, exprs, rules = matcher.routine_base, matcher.routine_expand, matcher.exprs, self.rules
-        passed: list[tuple[int, Hit]] = []
-        index = previous = 0
-        line: int | None = None
-        members: list[int] = []
-
-        def fold(at: int, expr_ids: list[int]) -> None:
+    def _routine_plan(self, members: tuple[int, ...]) -> tuple[list[Hit], list[Hit]]:
+        """What a line with these routine expressions gives, as `best_hits_per_line` would keep it: (every
+        hit once per rule and role, for a line other rules hit too; the hits kept on a line nothing else
+        hit: every progress marker and the most specific metric)."""
+        plan = self._plans.get(members)
+        if plan is None:
+            exprs, rules = self.matcher.exprs, self.rules
+            hits: list[Hit] = []
+            kept: list[Hit] = []
             best: Hit | None = None
-            seen: set[tuple[int, str]] = set()
-            for expr_id in expr_ids:
+            for expr_id in members:
                 expr = exprs[expr_id]
-                if (expr.rule_index, expr.role) in seen:
+                if any(h.rule_index == expr.rule_index and h.role == expr.role for h in hits):
                     continue
-                seen.add((expr.rule_index, expr.role))
                 hit = Hit(0, 0, expr.rule_index, expr.role)
-                if at in hard_lines:
-                    passed.append((at, hit))
-                elif (expr.role == "main" and rules[expr.rule_index].kind == "signature"
-                      and rules[expr.rule_index].sequence is None and rules[expr.rule_index].absence is None):
-                    if best is None or _rank(rules[expr.rule_index]) > _rank(rules[best.rule_index]):
+                hits.append(hit)
+                rule = rules[expr.rule_index]
+                if expr.role == "main" and rule.kind == "signature" and rule.sequence is None and rule.absence is None:
+                    if best is None or _rank(rule) > _rank(rules[best.rule_index]):
                         best = hit  # one failure per line: the most specific metric rule
                 else:
-                    self._keep_routine(routine, (expr.rule_index, expr.role, stream_of(at)), at, hit, texts[at])
+                    kept.append(hit)
             if best is not None:
-                self._keep_routine(routine, (best.rule_index, best.role, stream_of(at)), at, best, texts[at])
+                kept.append(best)
+            plan = self._plans[members] = (hits, kept)
+        return plan
 
-        # As Matcher.scan_buffer: of a progress marker only the latest FREQUENT_CAP hits per buffer count
-        # (a shipped buffer holds hundreds of thousands of step lines).
+    def _routine_lines(self, buf: bytes, routine_raw: Sequence[tuple[int, int]], hard_lines: set[int],
+                       texts: Sequence[str], stream_of: Callable[[int], Hashable],
+                       routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]],
+                       runs: Sequence[tuple[int, int]] = ()) -> list[tuple[int, Hit]]:
+        """Fold the routine hits of lines no other rule hit into `routine`, as `best_hits_per_line` and the
+        loop of `from_texts` would: per line, one metric hit (the best rule) and every progress marker.
+        Routine hits on the other lines are returned as Hits, for the ordinary path. `runs`: line ranges
+        of one stream each (the stream is asked once per run)."""
+        matcher = self.matcher
+        base, expand = matcher.routine_base, matcher.routine_expand
+        passed: list[tuple[int, Hit]] = []
+        run_at = 0
+        run_key: Hashable = None
+        run_keyed = -1
+
+        def stream_at(at: int) -> Hashable:
+            nonlocal run_at, run_key, run_keyed
+            while run_at < len(runs) and runs[run_at][1] <= at:
+                run_at += 1
+            if run_at < len(runs) and runs[run_at][0] <= at:
+                if run_keyed != run_at:
+                    run_key, run_keyed = stream_of(at), run_at
+                return run_key
+            return stream_of(at)
+
+        def fold(at: int, members: tuple[int, ...]) -> None:
+            hits, kept = self._routine_plan(members)
+            if at in hard_lines:
+                passed.extend((at, hit) for hit in hits)
+                return
+            stream = stream_at(at)
+            for hit in kept:
+                if hit.role == "main":
+                    value = self._metric_of_line(hit.rule_index, texts[at])
+                else:
+                    value = float(at)
+                key = (hit.rule_index, hit.role, stream)
+                current = routine.get(key)
+                if current is None:
+                    routine[key] = (value, at, hit, value)
+                elif value >= current[0]:
+                    routine[key] = (value, at, hit, min(current[3], value))
+                elif value < current[3]:
+                    routine[key] = (current[0], current[1], current[2], value)
+
+        # Without runs, as Matcher.scan_buffer: of a progress marker only the latest FREQUENT_CAP hits per
+        # buffer count (a buffer of one-line messages can hold a step line of every rank). With runs, a run
+        # reports a progress id once, and a cap would drop whole processes of a batch of many.
         is_metric = matcher.routine_metric
         counts: dict[int, int] = {}
         skip: set[int] = set()
-        for k in range(len(routine_raw) - 1, -1, -1):
+        for k in range(len(routine_raw) - 1 if not runs else -1, -1, -1):
             rid = routine_raw[k][1]
             if not is_metric[rid - base]:
                 seen_of_rid = counts.get(rid, 0)
@@ -269,20 +337,42 @@ class SignalExtractor:
                     skip.add(k)
                 else:
                     counts[rid] = seen_of_rid + 1
+        index = previous = 0
+        line: int | None = None
+        members: tuple[int, ...] = ()
         for k, (to, rid) in enumerate(routine_raw):
-            if k in skip:
+            if skip and k in skip:
                 continue
             probe = to - 1 if to > 0 and buf[to - 1] == 10 else to  # a match that ends on the newline
             index += buf.count(b"\n", previous, probe)
             previous = probe
             if line is not None and index != line:
                 fold(line, members)
-                members = []
+                members = ()
             line = index
-            members.extend(expand[rid - base])
+            members = expand[rid - base] if not members else members + expand[rid - base]
         if line is not None:
             fold(line, members)
         return passed
+
+    def _metric_of_line(self, rule_index: int, text: str) -> float:
+        """`metric_value`, from the rule's regexes that have the metric's group (the first that gives it)."""
+        regexes = self._value_regexes.get(rule_index)
+        if regexes is None:
+            rule = self.rules[rule_index]
+            assert rule.metric is not None
+            regexes = self._value_regexes[rule_index] = self.matcher.field_regexes(rule_index, rule.metric.field)
+        for regex, group in regexes:
+            m = regex.search(text)
+            if m is not None:
+                raw = m.group(group)
+                if raw is not None:
+                    try:
+                        value = float(raw)
+                    except ValueError:
+                        return math.inf
+                    return math.inf if math.isnan(value) else value
+        return math.inf
 
     def from_events(self, events: Sequence[LogEvent], *, order_base: int = 0) -> list[Signal]:
         return self.from_texts(

@@ -3,9 +3,10 @@ on-demand `DecodedLines`, `DecodeError`, and the text -> lines -> records steps 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import groupby
 from typing import Any
 
 
@@ -103,15 +104,17 @@ class DecodedLines:
     the lines that hit. `record(i)` is what `decode_value(...)[i]` would be.
     """
 
-    __slots__ = ("_make", "_records", "_stream", "texts")
+    __slots__ = ("_make", "_records", "_runs", "_stream", "texts")
 
     def __init__(self, texts: list[str], records: list[RawRecord] | None = None,
                  make: Callable[[int], RawRecord] | None = None,
-                 stream: Callable[[int], tuple[Any, ...]] | None = None) -> None:
+                 stream: Callable[[int], tuple[Any, ...]] | None = None,
+                 runs: list[tuple[int, int]] | None = None) -> None:
         self.texts = texts
         self._records: list[RawRecord | None] = records if records is not None else [None] * len(texts)  # type: ignore[assignment]
         self._make = make
         self._stream = stream
+        self._runs = runs
 
     @classmethod
     def of(cls, records: list[RawRecord]) -> DecodedLines:
@@ -135,5 +138,26 @@ class DecodedLines:
         record = self.record(index)
         return (record.host, record.rank, record.file, record.stream)
 
+    def stream_runs(self) -> list[tuple[int, int]]:
+        """The lines as ranges [lo, hi) of one stream key each, in order."""
+        if self._runs is None:
+            self._runs = runs_of(list(map(self.stream_key, range(len(self.texts)))))
+        return self._runs
+
     def records(self) -> list[RawRecord]:
         return [self.record(i) for i in range(len(self.texts))]
+
+
+def runs_of(keys: Sequence[Hashable]) -> list[tuple[int, int]]:
+    """Ranges [lo, hi) of equal consecutive keys."""
+    if not keys:
+        return []
+    if len(set(keys)) == 1:
+        return [(0, len(keys))]
+    out: list[tuple[int, int]] = []
+    at = 0
+    for _key, group in groupby(keys):
+        size = sum(1 for _ in group)
+        out.append((at, at + size))
+        at += size
+    return out

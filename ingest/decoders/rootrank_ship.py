@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from ingest import timestamps as tsu
-from ingest.decoders.records import DecodedLines, DecodeError, RawRecord, records_from_text
+from ingest.decoders.records import DecodedLines, DecodeError, RawRecord, records_from_text, runs_of
 from ingest.ship.wire_format import ShipBatch, ShipFormatError, parse_batch
 
 
@@ -92,4 +92,5 @@ def batch_lines(obj: dict[str, Any], received_ts: datetime | None, max_line_byte
     def stream(i: int) -> tuple[Any, ...]:
         return (batch.host, batch.rank, batch.file, stream_col[index[i] if index is not None else i] or None)
 
-    return DecodedLines(texts, make=make, stream=stream)
+    streams = stream_col if index is None else [stream_col[j] for j in index]
+    return DecodedLines(texts, make=make, stream=stream, runs=runs_of(streams))

@@ -208,7 +208,9 @@ class MatchProcessor:
             event = event_at(i)
             return event.offset if event.offset is not None else i
 
-        return self.extractor.from_texts(texts, event_at, stream_of, order_of)
+        runs = [] if one_per_message else [
+            (segment.start + lo, segment.start + hi) for segment in segments for lo, hi in segment.lines.stream_runs()]
+        return self.extractor.from_texts(texts, event_at, stream_of, order_of, runs)
 
     def process(self, messages: Sequence[RawMessage]) -> MatchOutput:
         return self.process_values([m.value for m in messages], messages.__getitem__)
