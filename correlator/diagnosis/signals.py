@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from itertools import pairwise
 
 from correlator.diagnosis.matcher import FREQUENT_CAP, Hit, Matcher
@@ -62,9 +62,11 @@ def _rank(rule: Rule) -> tuple[bool, float]:
 MIN_RUN_LINES = 16
 
 
-def _encode_lines(texts: Sequence[str], runs: Sequence[tuple[int, int]]) -> tuple[bytes, list[tuple[int, int]]] | None:
+def _encode_lines(texts: Sequence[str], runs: Sequence[tuple[int, int]],
+                  known: Mapping[tuple[int, int], str] | None = None) -> tuple[bytes, list[tuple[int, int]]] | None:
     """The texts joined with newlines as UTF-8, and each run's byte range in it ([start of its first line,
-    start of the line after it)); None if a text holds a newline or cannot be encoded."""
+    start of the line after it)); None if a text holds a newline or cannot be encoded. `known`: line
+    ranges whose joined text the caller has already (a shipped batch arrives joined)."""
     if not texts:
         return None
     cuts = sorted({0, len(texts), *(edge for run in runs for edge in run)})
@@ -73,9 +75,11 @@ def _encode_lines(texts: Sequence[str], runs: Sequence[tuple[int, int]]) -> tupl
     offset = 0
     try:
         for lo, hi in pairwise(cuts):
-            joined = "\n".join(texts[lo:hi])
-            if joined.count("\n") != hi - lo - 1:
-                return None
+            joined = known.get((lo, hi)) if known else None
+            if joined is None:
+                joined = "\n".join(texts[lo:hi])
+                if joined.count("\n") != hi - lo - 1:
+                    return None
             part = joined.encode("utf-8")
             parts.append(part)
             offset += len(part) + 1
@@ -205,6 +209,7 @@ class SignalExtractor:
         stream_of: Callable[[int], Hashable],
         order_of: Callable[[int], int],
         runs: Sequence[tuple[int, int]] = (),
+        known: Mapping[tuple[int, int], str] | None = None,
     ) -> list[Signal]:
         """Scan a batch of raw lines once; build events only for the lines that hit.
 
@@ -213,11 +218,12 @@ class SignalExtractor:
         job state keeps the same per process, so this only saves work. A routine hit on a line nothing
         else hit costs no Hit object (`_routine_lines`): half the lines of a training log are such.
         `runs`: ranges [lo, hi) of lines that share one `stream_of` (a shipped batch's), whose latest
-        progress lines are found by scanning their tails (`Matcher.scan_routine`).
+        progress lines are found by scanning their tails (`Matcher.scan_routine`). `known`: line ranges
+        whose texts the caller has joined already (each is "\n".join(texts[lo:hi]), no text holding "\n").
         """
         routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]] = {}
         runs = [run for run in runs if run[1] - run[0] >= MIN_RUN_LINES]
-        encoded = _encode_lines(texts, runs)
+        encoded = _encode_lines(texts, runs, known)
         if encoded is None:
             indexed = self._scan_texts(texts)
         else:

@@ -104,13 +104,14 @@ class DecodedLines:
     the lines that hit. `record(i)` is what `decode_value(...)[i]` would be.
     """
 
-    __slots__ = ("_make", "_records", "_runs", "_stream", "texts")
+    __slots__ = ("_make", "_records", "_runs", "_stream", "joined", "texts")
 
     def __init__(self, texts: list[str], records: list[RawRecord] | None = None,
                  make: Callable[[int], RawRecord] | None = None,
                  stream: Callable[[int], tuple[Any, ...]] | None = None,
-                 runs: list[tuple[int, int]] | None = None) -> None:
+                 runs: list[tuple[int, int]] | None = None, joined: str | None = None) -> None:
         self.texts = texts
+        self.joined = joined  # "\n".join(texts), when the decoder had it at hand
         self._records: list[RawRecord | None] = records if records is not None else [None] * len(texts)  # type: ignore[assignment]
         self._make = make
         self._stream = stream

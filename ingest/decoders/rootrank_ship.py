@@ -3,12 +3,20 @@ line `[ts, stream, text]`; exactly, a record per line, or as texts with records 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from ingest import timestamps as tsu
 from ingest.decoders.records import DecodedLines, DecodeError, RawRecord, records_from_text, runs_of
-from ingest.ship.wire_format import ShipBatch, ShipFormatError, parse_batch
+from ingest.ship.wire_format import (
+    ROWS_FORMAT_VERSION,
+    SHIP_FORMAT_VERSION,
+    ShipBatch,
+    ShipFormatError,
+    line_columns,
+    parse_batch,
+)
 
 
 def decode_batch(obj: dict[str, Any], received_ts: datetime | None, max_line_bytes: int) -> list[RawRecord]:
@@ -52,36 +60,49 @@ def batch_lines(obj: dict[str, Any], received_ts: datetime | None, max_line_byte
     """A ship batch's lines without a RawRecord per line, or None when the batch needs the exact,
     line-by-line path (a malformed batch, a text with a newline in it, a line that may need cutting):
     that path then decodes it, or raises the same DecodeError as always."""
-    raw_lines = obj.get("lines")
-    if type(raw_lines) is not list or not raw_lines:
-        return None
-    try:
-        if set(map(len, raw_lines)) != _THREE:
+    ts_col: Sequence[Any]
+    stream_col: Sequence[Any]
+    if obj.get("v") == SHIP_FORMAT_VERSION:
+        try:
+            texts, ts_col, stream_col = line_columns(obj)
+        except ShipFormatError:
             return None
-    except TypeError:  # a row without a length (a number, null)
-        return None
-    # Rows of three: lists, or strings/objects that fail the column type checks below.
-    # (zip's strict=True would check the lengths too, but is ten times slower here.)
-    ts_col, stream_col, text_col = zip(*raw_lines)
+        joined: str = obj["text"]
+    else:
+        raw_lines = obj.get("lines")
+        if type(raw_lines) is not list or not raw_lines:
+            return None
+        try:
+            if set(map(len, raw_lines)) != _THREE:
+                return None
+        except TypeError:  # a row without a length (a number, null)
+            return None
+        # Rows of three: lists, or strings/objects that fail the column type checks below.
+        # (zip's strict=True would check the lengths too, but is ten times slower here.)
+        ts_col, stream_col, text_col = zip(*raw_lines)
+        texts = list(text_col)
+        try:
+            joined = "\n".join(texts)
+        except TypeError:  # a text that is not a string
+            return None
+        if joined.count("\n") != len(texts) - 1:
+            return None  # a text with newlines in it: several records per line
     if not (set(map(type, ts_col)) <= _TS_TYPES and set(map(type, stream_col)) <= _STREAM_TYPES):
-        return None
-    texts = list(text_col)
-    try:
-        joined = "\n".join(texts)
-    except TypeError:  # a text that is not a string
         return None
     if max(map(len, texts)) * 4 > max_line_bytes:
         return None
-    if joined.count("\n") != len(texts) - 1:
-        return None  # a text with newlines in it: several records per line
+    whole: str | None = joined  # the lines as one string, when no line below is changed or dropped
     if "\r" in joined:
         texts = [t.removesuffix("\r") for t in texts]
+        whole = None
     index: list[int] | None = None
     if not all(map(str.strip, texts)):  # blank lines are dropped, later lines keep their positions
         index = [i for i, t in enumerate(texts) if t.strip()]
         texts = [texts[i] for i in index]
+        whole = None
     try:
-        batch = parse_batch({**obj, "lines": []})  # the header, validated as always
+        batch = parse_batch({**obj, "v": ROWS_FORMAT_VERSION, "lines": []} if obj.get("v") == SHIP_FORMAT_VERSION
+                            else {**obj, "lines": []})  # the header, validated as always
     except ShipFormatError as exc:
         raise DecodeError(exc.reason, str(exc)) from None
 
@@ -93,4 +114,4 @@ def batch_lines(obj: dict[str, Any], received_ts: datetime | None, max_line_byte
         return (batch.host, batch.rank, batch.file, stream_col[index[i] if index is not None else i] or None)
 
     streams = stream_col if index is None else [stream_col[j] for j in index]
-    return DecodedLines(texts, make=make, stream=stream, runs=runs_of(streams))
+    return DecodedLines(texts, make=make, stream=stream, runs=runs_of(streams), joined=whole)

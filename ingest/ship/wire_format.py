@@ -4,7 +4,7 @@ One Kafka message carries a batch of lines from ONE stream of ONE process (a ran
 a container's stderr), so identity is sent once per batch, not once per line:
 
     {
-      "v": 1,                         # format version; decoders reject versions they do not know
+      "v": 2,                         # format version; decoders reject versions they do not know
       "source": "rootrank",           # marks the format (forwarder JSON never has it)
       "job_id": "llama70b-run7",      # optional: the job, when the shipper knows it
       "host": "node17",               # optional: the machine the lines were read on
@@ -14,17 +14,21 @@ a container's stderr), so identity is sent once per batch, not once per line:
       "attempt": 0,                   # optional: restart count (TORCHELASTIC_RESTART_COUNT)
       "file": "/logs/rank11.log",     # optional: the path the lines were read from
       "labels": {"team": "llm"},      # optional: string -> string
-      "offset": 5120,                 # optional: line number of lines[0] in its stream (0-based), so
-                                      #   every line has a stable position: a re-sent batch decodes
+      "offset": 5120,                 # optional: line number of the first line in its stream (0-based),
+                                      #   so every line has a stable position: a re-sent batch decodes
                                       #   to the same events, and order survives equal timestamps
-      "lines": [                      # required, at least one
-        [1714564800.123456, "stderr", "text of one line, without the newline"],
-        [null, null, "a line whose time and stream are unknown"]
-      ]
+      "text": "first line\nsecond line",  # required: the lines joined by "\n" (no line holds one)
+      "ts": [1714564800.123456, null], # optional: per line, epoch seconds when the shipper read it, or
+                                      #   null; one number for every line; absent or null: unknown
+      "stream": "stderr"              # optional: "stdout"/"stderr" for every line, or a list, one per
+                                      #   line; absent or null: unknown
     }
 
-Each line is `[ts, stream, text]`: `ts` is epoch seconds (float) when the shipper read the
-line, or null; `stream` is "stdout"/"stderr"/null. Optional keys may be absent or null.
+The lines travel as one string, not a row per line, so the worker decodes a batch into one string
+it can scan as it is: a row per line cost it three objects per line.
+
+Version 1 (still read, and still written for a batch with a line that holds a newline itself)
+has `"lines": [[ts, stream, text], ...]` instead of text/ts/stream, a row per line.
 Keep a message under `MAX_BATCH_BYTES` (Kafka's default message.max.bytes is 1 MB):
 `encode_batches` splits a long list of lines accordingly.
 """
@@ -39,6 +43,7 @@ import orjson
 
 __all__ = [
     "MAX_BATCH_BYTES",
+    "ROWS_FORMAT_VERSION",
     "SHIP_FORMAT_VERSION",
     "SHIP_SOURCE",
     "ShipBatch",
@@ -49,7 +54,8 @@ __all__ = [
     "parse_batch",
 ]
 
-SHIP_FORMAT_VERSION = 1
+SHIP_FORMAT_VERSION = 2
+ROWS_FORMAT_VERSION = 1  # a row per line: read, and written when a line holds a newline
 SHIP_SOURCE = "rootrank"
 MAX_BATCH_BYTES = 900_000
 
@@ -119,13 +125,31 @@ def encode_batch(
     file: str | None = None,
     labels: Mapping[str, str] | None = None,
     offset: int | None = None,
+    version: int = SHIP_FORMAT_VERSION,
 ) -> bytes:
-    """One Kafka message value holding `lines` ([ts, stream, text] each) and their identity."""
+    """One Kafka message value holding `lines` ((ts, stream, text) each) and their identity. `version`
+    1 writes a row per line (what shippers before version 2 sent)."""
     if not lines:
         raise ValueError("a batch needs at least one line")
-    body = _header(job_id, host, rank, local_rank, pid, attempt, file, labels, offset)
-    body["lines"] = [[ts, stream, text] for ts, stream, text in lines]
-    return orjson.dumps(body)
+    return orjson.dumps(_with_lines(_header(job_id, host, rank, local_rank, pid, attempt, file, labels, offset),
+                                    lines, version))
+
+
+def _with_lines(header: dict[str, Any], lines: Sequence[ShipLine], version: int = SHIP_FORMAT_VERSION) -> dict[str, Any]:
+    """The header with the lines: joined (version 2), or a row per line when asked for or when a line
+    holds a newline itself (version 2 cannot carry it)."""
+    texts = [text for _, _, text in lines]
+    joined = "\n".join(texts)
+    if version == ROWS_FORMAT_VERSION or joined.count("\n") != len(texts) - 1:
+        return {**header, "v": ROWS_FORMAT_VERSION, "lines": [[ts, stream, text] for ts, stream, text in lines]}
+    body = {**header, "text": joined}
+    for key, column in (("ts", [ts for ts, _, _ in lines]), ("stream", [stream for _, stream, _ in lines])):
+        if column.count(column[0]) == len(column):
+            if column[0] is not None:
+                body[key] = column[0]  # the same for every line
+        else:
+            body[key] = column
+    return body
 
 
 def encode_batches(
@@ -151,7 +175,7 @@ def encode_batches(
     sent = 0  # lines already in earlier messages (advances `offset` per message)
     budget = max(max_bytes - overhead, 256)
     out: list[bytes] = []
-    chunk: list[list[Any]] = []
+    chunk: list[ShipLine] = []
     size = 0
     for ts, stream, text in lines:
         item = [ts, stream, text]
@@ -161,13 +185,13 @@ def encode_batches(
             item = [ts, stream, text.encode("utf-8")[:keep].decode("utf-8", "ignore")]
             item_size = len(orjson.dumps(item)) + 1
         if chunk and size + item_size > budget:
-            out.append(orjson.dumps(_with_offset(header, offset, sent) | {"lines": chunk}))
+            out.append(orjson.dumps(_with_lines(_with_offset(header, offset, sent), chunk)))
             sent += len(chunk)
             chunk, size = [], 0
-        chunk.append(item)
+        chunk.append((ts, stream, item[2]))
         size += item_size
     if chunk:
-        out.append(orjson.dumps(_with_offset(header, offset, sent) | {"lines": chunk}))
+        out.append(orjson.dumps(_with_lines(_with_offset(header, offset, sent), chunk)))
     return out
 
 
@@ -176,7 +200,7 @@ def _with_offset(header: dict[str, Any], offset: int | None, sent: int) -> dict[
 
 
 def is_ship_batch(obj: Mapping[str, Any]) -> bool:
-    return obj.get("source") == SHIP_SOURCE and "lines" in obj
+    return obj.get("source") == SHIP_SOURCE and ("text" in obj or "lines" in obj)
 
 
 def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
@@ -205,23 +229,27 @@ def _opt_int(obj: Mapping[str, Any], key: str) -> int | None:
 
 def parse_batch(obj: Mapping[str, Any]) -> ShipBatch:
     """Validate a decoded JSON object in this format. Raises ShipFormatError(reason)."""
-    version = obj.get("v", SHIP_FORMAT_VERSION)
-    if version != SHIP_FORMAT_VERSION:
+    version = obj.get("v", SHIP_FORMAT_VERSION if "text" in obj else ROWS_FORMAT_VERSION)
+    if version == SHIP_FORMAT_VERSION:
+        raw_lines = joined_rows(obj)
+    elif version == ROWS_FORMAT_VERSION:
+        raw_lines = obj.get("lines")
+        if not isinstance(raw_lines, list):
+            raise ShipFormatError("bad_field", "lines")
+    else:
         raise ShipFormatError("unsupported_version", repr(version))
-    raw_lines = obj.get("lines")
-    if not isinstance(raw_lines, list):
-        raise ShipFormatError("bad_field", "lines")
     lines: list[ShipLine] = []
+    where = "lines[]." if version == ROWS_FORMAT_VERSION else ""
     for item in raw_lines:
         if not isinstance(item, list) or len(item) != 3:
             raise ShipFormatError("bad_field", "lines[]")
         ts, stream, text = item
         if not isinstance(text, str):
-            raise ShipFormatError("bad_field", "lines[].text")
+            raise ShipFormatError("bad_field", f"{where}text")
         if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))):
-            raise ShipFormatError("bad_field", "lines[].ts")
+            raise ShipFormatError("bad_field", f"{where}ts")
         if stream is not None and not isinstance(stream, str):
-            raise ShipFormatError("bad_field", "lines[].stream")
+            raise ShipFormatError("bad_field", f"{where}stream")
         lines.append((float(ts) if ts is not None else None, stream or None, text))
     labels_obj = obj.get("labels")
     labels: dict[str, str] = {}
@@ -241,3 +269,28 @@ def parse_batch(obj: Mapping[str, Any]) -> ShipBatch:
         labels=labels,
         offset=_opt_int(obj, "offset"),
     )
+
+
+def line_columns(obj: Mapping[str, Any]) -> tuple[list[str], Sequence[Any], Sequence[Any]]:
+    """A version 2 batch's texts, and its ts and stream per line (as sent: types are the caller's to
+    check). Raises ShipFormatError when text is missing or a column's length is not the lines'."""
+    text = obj.get("text")
+    if not isinstance(text, str):
+        raise ShipFormatError("bad_field", "text")
+    texts = text.split("\n")
+    columns: list[Sequence[Any]] = []
+    for key in ("ts", "stream"):
+        value = obj.get(key)
+        if isinstance(value, list):
+            if len(value) != len(texts):
+                raise ShipFormatError("bad_field", f"{key}: {len(value)} values for {len(texts)} lines")
+            columns.append(value)
+        else:
+            columns.append([value] * len(texts))
+    return texts, columns[0], columns[1]
+
+
+def joined_rows(obj: Mapping[str, Any]) -> list[list[Any]]:
+    """A version 2 batch as version 1's rows, [ts, stream, text] each."""
+    texts, ts_col, stream_col = line_columns(obj)
+    return [list(row) for row in zip(ts_col, stream_col, texts, strict=True)]

@@ -20,6 +20,7 @@ from ingest.ship.positions import Positions
 from ingest.ship.readers import file_reader
 from ingest.ship.sender import Message, Sender, _pack_message, _unpack_message
 from ingest.ship.spool import Spool
+from ingest.ship.wire_format import parse_batch
 
 
 def _in_thread(fn: Any, *args: Any) -> threading.Thread:
@@ -283,8 +284,8 @@ def test_stop_while_waiting_defers_and_the_position_stays_before(tmp_path: Path)
     covered = 0
     for batch in sorted(spooled, key=lambda b: b["offset"]):
         if batch["offset"] == covered:
-            covered += len(batch["lines"])
+            covered += len(parse_batch(batch).lines)
     assert 0 < saved["line"] <= covered < 3000
     assert saved["pos"] == data.index(b"line %05d" % saved["line"]) and saved["inode"] == 9
     assert stats.deferred_lines > 0 and stats.dropped_lines == 0
-    assert stats.deferred_lines + sum(len(b["lines"]) for b in spooled) == 3000  # each line: spooled or deferred
+    assert stats.deferred_lines + sum(len(parse_batch(b).lines) for b in spooled) == 3000  # each line: spooled or deferred

@@ -15,6 +15,7 @@ from ingest.ship.options import ShipOptions, ShipStats
 from ingest.ship.positions import Positions
 from ingest.ship.sender import Sender, _unpack_message
 from ingest.ship.spool import Spool
+from ingest.ship.wire_format import parse_batch
 
 T = 1773480413.0
 
@@ -66,7 +67,7 @@ def test_batches_stay_under_the_size_bound(tmp_path: Path) -> None:
     batches = run_batcher(tmp_path, [*chunks, Chunk(0, b"", None, eof=True)], sources, batch_max_bytes=16 * 1024)
     assert len(batches) > 10
     assert all(len(orjson.dumps(b)) < 20 * 1024 for b in batches)
-    numbered = [(b["offset"] + i, text) for b in batches for i, (_, _, text) in enumerate(b["lines"])]  # type: ignore[arg-type]
+    numbered = [(b["offset"] + i, text) for b in batches for i, (_, _, text) in enumerate(parse_batch(b).lines)]  # type: ignore[arg-type]
     assert numbered == [(i, f"line {i:05d} {'x' * 80}") for i in range(3000)]
 
 

@@ -210,7 +210,9 @@ class MatchProcessor:
 
         runs = [] if one_per_message else [
             (segment.start + lo, segment.start + hi) for segment in segments for lo, hi in segment.lines.stream_runs()]
-        return self.extractor.from_texts(texts, event_at, stream_of, order_of, runs)
+        known = {(segment.start, segment.start + len(segment.lines)): segment.lines.joined
+                 for segment in segments if segment.lines.joined is not None}
+        return self.extractor.from_texts(texts, event_at, stream_of, order_of, runs, known)
 
     def process(self, messages: Sequence[RawMessage]) -> MatchOutput:
         return self.process_values([m.value for m in messages], messages.__getitem__)

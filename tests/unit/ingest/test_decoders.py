@@ -389,7 +389,10 @@ def test_encode_batch_rejects_an_empty_batch() -> None:
 @pytest.mark.parametrize(
     ("obj", "reason"),
     [
-        ({"v": 2, "source": "rootrank", "lines": [[1.0, "stdout", "x"]]}, "unsupported_version"),
+        ({"v": 99, "source": "rootrank", "lines": [[1.0, "stdout", "x"]]}, "unsupported_version"),
+        ({"v": 2, "source": "rootrank", "lines": [[1.0, "stdout", "x"]]}, "bad_field"),  # version 2 has text
+        ({"v": 2, "source": "rootrank", "text": "a\nb", "ts": [1.0]}, "bad_field"),  # a ts per line, or one
+        ({"v": 2, "source": "rootrank", "text": "a", "stream": 3}, "bad_field"),
         ({"v": 1, "source": "rootrank", "lines": "x"}, "bad_field"),
         ({"v": 1, "source": "rootrank", "lines": [[1.0, "stdout"]]}, "bad_field"),
         ({"v": 1, "source": "rootrank", "lines": [["soon", "stdout", "x"]]}, "bad_field"),
@@ -710,12 +713,24 @@ def test_to_event_carries_the_decoder_truncation_flag() -> None:
     encode_batch([(1714564800.5, "stderr", "é ü"), (None, None, "\u2603")], host="h", pid=3),
     encode_batch([(1714564800.5, "stderr", "two\nlines"), (None, None, "b")]),
     encode_batch([(1714564800.5, "stderr", "a" * 20000)]),
+    # version 1 (a row per line), as shippers before version 2 send it
+    encode_batch([(1714564800.5, "stderr", "a\r"), (None, None, "  "), (1714564801.0, "", "[rank3]: x"),
+                  (1e9, "stdout", ""), (1714564802.0, None, "tail")], job_id="j", rank=1, offset=5, version=1),
+    encode_batch([(1714564800.5, "stderr", "é ü"), (None, None, "\u2603")], host="h", pid=3, version=1),
+    dumps({"v": 2, "source": "rootrank", "text": "a\r\n\nb", "ts": 1.5, "stream": ["stdout", None, "stderr"]}),
+    dumps({"v": 2, "source": "rootrank", "text": "", "ts": None}),
+    dumps({"v": 2, "source": "rootrank", "text": "a\nb", "ts": [1.0, "x"]}),
+    dumps({"v": 2, "source": "rootrank", "text": "a\nb", "stream": ["stdout"]}),
+    dumps({"v": 2, "source": "rootrank", "text": 7}),
+    dumps({"source": "rootrank", "text": "a\nb"}),
     dumps({"v": 1, "source": "rootrank", "lines": [[1.0, "stderr", "a"], [None, None, 5]]}),
     dumps({"v": 1, "source": "rootrank", "lines": [[1.0, "stderr", "a"], "abc"]}),
     dumps({"v": 1, "source": "rootrank", "lines": [[1.0, "stderr", "a", 4]]}),
     dumps({"v": 1, "source": "rootrank", "lines": [[True, "x", "a"]]}),
     dumps({"v": 2, "source": "rootrank", "lines": [[1.0, "x", "a"]]}),
+    dumps({"v": 3, "source": "rootrank", "lines": [[1.0, "x", "a"]]}),
     dumps({"v": 1, "source": "rootrank", "rank": "x", "lines": [[1.0, "x", "a"]]}),
+    dumps({"v": 2, "source": "rootrank", "rank": "x", "text": "a"}),
     dumps({"v": 1, "source": "rootrank", "lines": []}),
     dumps({"log": "[rank5]: hello\n", "kubernetes": {"host": "n1"}}),
 ])
@@ -730,3 +745,24 @@ def test_decode_lines_is_decode_value_with_records_on_demand(value: bytes) -> No
     lazy = decode_lines(value, received_ts=RECEIVED)
     assert lazy.texts == [r.text for r in eager]
     assert [lazy.record(i) for i in reversed(range(len(lazy)))][::-1] == eager
+
+
+@pytest.mark.parametrize("lines", [
+    [(1714564800.5, "stderr", "[rank3]: step 7 loss 2.1"), (1714564800.5, "stderr", "é ü \u2603")],
+    [(1714564800.5, "stderr", "a"), (None, "stdout", "b\r"), (1714564801.0, None, "   "), (None, None, "c")],
+    [(None, None, "one line, nothing known")],
+])
+def test_a_joined_batch_decodes_as_the_same_lines_as_rows(lines: list[tuple[float | None, str | None, str]]) -> None:
+    """Version 2 (the lines joined in one string) is what `rootrank ship` writes; version 1 (a row per
+    line) is what shippers before it wrote: the worker must read the same records from both."""
+    joined, rows = encode_batch(lines, job_id="j", host="h", offset=3), encode_batch(lines, job_id="j", host="h", offset=3, version=1)
+    assert orjson.loads(joined)["v"] == 2 and "text" in orjson.loads(joined)
+    assert orjson.loads(rows)["v"] == 1 and "lines" in orjson.loads(rows)
+    assert decode_value(joined, received_ts=RECEIVED) == decode_value(rows, received_ts=RECEIVED)
+    assert decode_lines(joined, received_ts=RECEIVED).texts == decode_lines(rows, received_ts=RECEIVED).texts
+
+
+def test_a_batch_with_a_line_holding_a_newline_is_written_as_rows() -> None:
+    value = encode_batch([(None, None, "two\nlines"), (None, None, "b")], job_id="j")
+    assert orjson.loads(value)["v"] == 1
+    assert [r.text for r in decode_value(value)] == ["two", "lines", "b"]
