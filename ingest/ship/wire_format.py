@@ -143,7 +143,8 @@ def _with_lines(header: dict[str, Any], lines: Sequence[ShipLine], version: int 
     if version == ROWS_FORMAT_VERSION or joined.count("\n") != len(texts) - 1:
         return {**header, "v": ROWS_FORMAT_VERSION, "lines": [[ts, stream, text] for ts, stream, text in lines]}
     body = {**header, "text": joined}
-    for key, column in (("ts", [ts for ts, _, _ in lines]), ("stream", [stream for _, stream, _ in lines])):
+    columns: tuple[tuple[str, list[Any]], ...] = (("ts", [ts for ts, _, _ in lines]), ("stream", [stream for _, stream, _ in lines]))
+    for key, column in columns:
         if column.count(column[0]) == len(column):
             if column[0] is not None:
                 body[key] = column[0]  # the same for every line
@@ -178,17 +179,16 @@ def encode_batches(
     chunk: list[ShipLine] = []
     size = 0
     for ts, stream, text in lines:
-        item = [ts, stream, text]
-        item_size = len(orjson.dumps(item)) + 1
+        item_size = len(orjson.dumps([ts, stream, text])) + 1
         if item_size > budget:
             keep = max(budget - 64, 1)
-            item = [ts, stream, text.encode("utf-8")[:keep].decode("utf-8", "ignore")]
-            item_size = len(orjson.dumps(item)) + 1
+            text = text.encode("utf-8")[:keep].decode("utf-8", "ignore")
+            item_size = len(orjson.dumps([ts, stream, text])) + 1
         if chunk and size + item_size > budget:
             out.append(orjson.dumps(_with_lines(_with_offset(header, offset, sent), chunk)))
             sent += len(chunk)
             chunk, size = [], 0
-        chunk.append((ts, stream, item[2]))
+        chunk.append((ts, stream, text))
         size += item_size
     if chunk:
         out.append(orjson.dumps(_with_lines(_with_offset(header, offset, sent), chunk)))
@@ -230,6 +230,7 @@ def _opt_int(obj: Mapping[str, Any], key: str) -> int | None:
 def parse_batch(obj: Mapping[str, Any]) -> ShipBatch:
     """Validate a decoded JSON object in this format. Raises ShipFormatError(reason)."""
     version = obj.get("v", SHIP_FORMAT_VERSION if "text" in obj else ROWS_FORMAT_VERSION)
+    raw_lines: Any
     if version == SHIP_FORMAT_VERSION:
         raw_lines = joined_rows(obj)
     elif version == ROWS_FORMAT_VERSION:
