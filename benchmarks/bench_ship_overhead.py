@@ -78,6 +78,8 @@ def count_lines(bootstrap: str, topic: str, expect: int, timeout: float = 120.0)
     import orjson
     from kafka import KafkaConsumer, TopicPartition
 
+    from ingest.ship.wire_format import parse_batch
+
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                              auto_offset_reset="earliest", max_partition_fetch_bytes=8 * 1024 * 1024)
     try:
@@ -90,7 +92,7 @@ def count_lines(bootstrap: str, topic: str, expect: int, timeout: float = 120.0)
             for records in consumer.poll(timeout_ms=500).values():
                 for record in records:
                     batch = orjson.loads(record.value)
-                    seen.update(range(batch["offset"], batch["offset"] + len(batch["lines"])))
+                    seen.update(range(batch["offset"], batch["offset"] + len(parse_batch(batch).lines)))
         return len(seen)
     finally:
         consumer.close()

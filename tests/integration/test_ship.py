@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
+from ingest.ship.wire_format import parse_batch
 from tests.fixtures.kafka import REPO, BrokerAddress, create_topics, read_topic
 
 pytestmark = pytest.mark.integration
@@ -38,8 +39,8 @@ def shipped_lines(bootstrap: str, topic: str = TOPIC, **read: Any) -> list[tuple
     out = []
     for record in read_topic(bootstrap, topic, **read):
         batch = orjson.loads(record.value)
-        header = {k: v for k, v in batch.items() if k != "lines"}
-        for index, (_ts, _stream, text) in enumerate(batch["lines"]):
+        header = {k: v for k, v in batch.items() if k not in ("lines", "text", "ts", "stream")}
+        for index, (_ts, _stream, text) in enumerate(parse_batch(batch).lines):
             out.append((header, batch["offset"] + index, text))
     return out
 
