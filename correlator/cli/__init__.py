@@ -6,21 +6,57 @@ function, so that `rootrank diagnose` and `--help` do not pay for the streaming 
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Iterator, MutableMapping
 
 import click
 
-from correlator.cli.config import config_group
-from correlator.cli.diagnose import diagnose
-from correlator.cli.rules import rules
-from correlator.cli.search import hosts, incidents, show
-from correlator.cli.ship import ship
-from correlator.cli.simulate import simulate
-from correlator.cli.stream import setup, up, worker
-from correlator.cli.webhooks import webhooks
+# name -> "module:attribute", in the order `rootrank --help` lists them. A command's module is imported
+# when the command runs (or --help lists it), so `rootrank diagnose` does not import the others.
+COMMANDS = {
+    "diagnose": "correlator.cli.diagnose:diagnose",
+    "simulate": "correlator.cli.simulate:simulate",
+    "incidents": "correlator.cli.search:incidents",
+    "hosts": "correlator.cli.search:hosts",
+    "show": "correlator.cli.search:show",
+    "setup": "correlator.cli.stream:setup",
+    "rules": "correlator.cli.rules:rules",
+    "worker": "correlator.cli.stream:worker",
+    "ship": "correlator.cli.ship:ship",
+    "up": "correlator.cli.stream:up",
+    "webhooks": "correlator.cli.webhooks:webhooks",
+    "config": "correlator.cli.config:config_group",
+}
 
-# The order `rootrank --help` lists them in.
-COMMANDS = (diagnose, simulate, incidents, hosts, show, setup, rules, worker, ship, up, webhooks, config_group)
+
+class LazyCommands(MutableMapping[str, click.Command]):
+    """A group's commands, each imported from its module the first time it is asked for."""
+
+    def __init__(self, where: dict[str, str]) -> None:
+        self._where = dict(where)
+        self._loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        command = self._loaded.get(name)
+        if command is None:
+            module, _, attribute = self._where[name].partition(":")  # KeyError: no such command
+            command = self._loaded[name] = getattr(importlib.import_module(module), attribute)
+        return command
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._where.setdefault(name, "")
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._where[name]
+        self._loaded.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
 
 
 class OrderedGroup(click.Group):
@@ -51,7 +87,7 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
 
 
 @click.group(
-    "rootrank", cls=OrderedGroup, commands=COMMANDS,
+    "rootrank", cls=OrderedGroup,
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 110},
     epilog="Exit codes: 0 the command ran; 1 it ran and found what it reports as a failure (diagnose "
     "--fail-on, a service that did not answer); 2 a usage error or input it could not read; 130 interrupted.",
@@ -60,6 +96,9 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
               help="Print the version and the rule set's version, and exit.")
 def rootrank() -> None:
     """Find which rank broke a distributed training job, and why."""
+
+
+rootrank.commands = LazyCommands(COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,12 +52,8 @@ def diagnose(paths: tuple[str, ...], output_format: str, output: str | None, fai
 
     All given paths form one job: files, folders (recursive), .gz, or - for stdin.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
     from correlator.offline.diagnose import Diagnoser, DiagnoseStats, InputError, default_jobs, iter_sources
 
-    err = Console(stderr=True)
     ruleset = load_ruleset_or_report(rules_dir)
     if ruleset is None:
         return 2
@@ -69,9 +65,13 @@ def diagnose(paths: tuple[str, ...], output_format: str, output: str | None, fai
     except InputError as exc:
         print(f"rootrank diagnose: {exc}", file=sys.stderr)
         return 2
-    show_progress = progress == "always" or (progress == "auto" and err.is_terminal and total > 32 << 20)
+    show_progress = progress == "always" or (progress == "auto" and sys.stderr.isatty() and total > 32 << 20)
     try:
         if show_progress:
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+            err = Console(stderr=True)
             with Progress(
                 "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                 TimeRemainingColumn(), console=err, transient=progress != "always",

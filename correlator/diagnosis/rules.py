@@ -15,13 +15,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from correlator.diagnosis.models import Role, Severity
 from correlator.diagnosis.patterns import cache_dir, compile_single, pattern_flags
+
+if TYPE_CHECKING:
+    import yaml
 
 RuleKind = Literal["signature", "fact"]
 TIER_BOUNDARIES = (0.45, 0.7)  # the engine's confidence tiers (causality.tier)
@@ -229,11 +231,18 @@ def default_rules_dir() -> Path:
 # --- YAML with line numbers -------------------------------------------------------------
 
 
-# libyaml's parser when present: the pure-Python one made loading the library take seconds.
-_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+def _loader() -> type[yaml.SafeLoader]:
+    """libyaml's parser when present: the pure-Python one made loading the library take seconds. (yaml is
+    imported here, not at the top: a start-up that finds its rule set in the cache parses no YAML.)"""
+    import yaml
+
+    loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return loader
 
 
 def _collect_lines(node: yaml.Node, lines: dict[tuple[Any, ...], int], path: tuple[Any, ...]) -> None:
+    import yaml
+
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
@@ -250,10 +259,12 @@ def load_yaml_with_lines(path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
     """The parsed document and a map from key paths (('examples', 'match', 0)) to 1-based lines."""
     text = path.read_text(encoding="utf-8")
     lines: dict[tuple[Any, ...], int] = {}
-    node = yaml.compose(text, Loader=_LOADER)
+    import yaml
+
+    node = yaml.compose(text, Loader=_loader())
     if node is not None:
         _collect_lines(node, lines, ())
-    return yaml.load(text, Loader=_LOADER), lines
+    return yaml.load(text, Loader=_loader()), lines
 
 
 def _line_for(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int:
@@ -271,6 +282,8 @@ def _line_for(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int:
 
 
 def load_classes(path: Path) -> dict[str, FailureClass]:
+    import yaml
+
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     return {c["slug"]: FailureClass(**c) for c in data["classes"]}
 
@@ -329,6 +342,8 @@ def _pattern_problems(path: Path, rule: Rule, lines: dict[tuple[Any, ...], int])
 def load_rule_file(
     path: Path, classes: dict[str, FailureClass], *, check_patterns: bool = True
 ) -> tuple[LoadedRule | None, list[str]]:
+    import yaml
+
     problems: list[str] = []
     try:
         data, lines = load_yaml_with_lines(path)
@@ -474,6 +489,20 @@ def _package_version() -> str:
         return "source"
 
 
+def _yaml_build() -> str:
+    """Which PyYAML would parse the files (its module file's path, size and time), without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("yaml")
+    if spec is None or spec.origin is None:
+        return "none"
+    try:
+        stat = os.stat(spec.origin)
+    except OSError:
+        return spec.origin
+    return f"{spec.origin}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
 def _ruleset_cache_key(root: Path, classes_path: Path, files: list[Path]) -> str | None:
     """sha256 of what the loaded set depends on: where the rules are, every rule file's path and bytes,
     classes.yaml's bytes, the package version and the validating and compiling libraries' versions."""
@@ -482,7 +511,7 @@ def _ruleset_cache_key(root: Path, classes_path: Path, files: list[Path]) -> str
 
     digest = hashlib.sha256(
         f"{_CACHE_FORMAT}|{_package_version()}|{sys.version_info[:2]}|{pydantic.VERSION}|{hyperscan.__version__}|"
-        f"{yaml.__version__}".encode()
+        f"{_yaml_build()}".encode()
     )
     try:
         # The loaded rules carry their files' paths (for file:line reports): the same content elsewhere is

@@ -14,15 +14,13 @@ import gzip
 import io
 import math
 import mmap
-import multiprocessing
-import multiprocessing.pool
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from correlator.diagnosis.engine import Engine, JobState
 from correlator.diagnosis.engine.state import sort_key
@@ -35,6 +33,9 @@ from ingest.decoders import DecodeError, decode_value, to_event
 from ingest.event import LogEvent
 from ingest.multiline import is_continuation, split_glued
 from ingest.prefixes import Identity, identity_from_path, parse_prefixes
+
+if TYPE_CHECKING:
+    import multiprocessing.pool
 
 CHUNK_BYTES = 16 * 1024 * 1024
 CONTINUATION_LOOKBACK = 64
@@ -587,6 +588,8 @@ _FORKED_MAPS: dict[str, mmap.mmap] = {}
 
 def _fork_pool(diagnoser: Diagnoser, processes: int) -> multiprocessing.pool.Pool:
     """Processes forked from this one: they inherit the compiled rule set instead of loading it again."""
+    import multiprocessing  # only for a file large enough to scan in several processes
+
     global _FORKED
     _FORKED = diagnoser
     return multiprocessing.get_context("fork").Pool(processes)

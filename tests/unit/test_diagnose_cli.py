@@ -158,3 +158,21 @@ def test_version_prints_the_package_and_rule_set_versions(capfd: pytest.CaptureF
         code, out, _ = _run_in_process([flag], capfd)
         assert code == 0
         assert re.match(r"rootrank \S+, rule set [0-9a-f]{12} \(\d+ rules\)$", out.strip()), out
+
+
+def test_a_small_diagnosis_imports_only_what_diagnose_needs(tmp_path: Path) -> None:
+    """Start-up is most of a small diagnosis: with the rule set cached, no YAML parser, no process pool, no
+    progress bar, no other command and nothing of the streaming stack is imported."""
+    log = tmp_path / "rank3.log"
+    log.write_text(OOM + "\n")
+    program = ("import sys\nfrom correlator.cli import main\ncode = main(['diagnose', sys.argv[1]])\n"
+               "print('MODULES', ' '.join(sorted(sys.modules)), file=sys.stderr)\nsys.exit(code)\n")
+    env = {**os.environ, "ROOTRANK_CACHE_DIR": str(tmp_path / "cache")}
+    for _ in range(2):  # the first run fills the rule set cache (it parses the YAML)
+        run = subprocess.run([sys.executable, "-c", program, str(log)], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0 and "cuda_oom" in run.stdout, run.stderr
+    modules = set(run.stderr.rsplit("MODULES ", 1)[1].split())
+    unwanted = {"yaml", "multiprocessing", "rich.progress", "faust", "aiokafka", "kafka", "elasticsearch",
+                "correlator.cli.ship", "correlator.cli.stream", "correlator.cli.webhooks", "correlator.cli.search",
+                "correlator.cli.simulate", "correlator.cli.config"}
+    assert not modules & unwanted, sorted(modules & unwanted)
