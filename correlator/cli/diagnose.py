@@ -114,9 +114,6 @@ def _write(output_format: str, output: str | None, incidents: list, signals: lis
     import io
 
     import orjson
-    from rich.console import Console
-
-    from correlator.render.text import print_incidents
 
     if output_format == "json":
         # failures the job survived are warnings, never "the" incident: they have their own list
@@ -131,9 +128,16 @@ def _write(output_format: str, output: str | None, incidents: list, signals: lis
 
         data = render_incident_html(incidents[0], signals).encode("utf-8")
     else:
+        if output is None and not incidents:
+            if not empty:  # as print_incidents says it, without loading the renderer (most of a clean run's start-up)
+                click.echo(click.style("No incident:", fg="green") + " no failure signature in these logs.")
+            return
+        from rich.console import Console
+
+        from correlator.render.text import print_incidents
+
         if output is None:
-            if not empty or incidents:
-                print_incidents(incidents, Console(emoji=False))
+            print_incidents(incidents, Console(emoji=False))
             return
         buffer = io.StringIO()
         print_incidents(incidents, Console(file=buffer, emoji=False, width=100, color_system=None))

@@ -44,7 +44,7 @@ class Signal(BaseModel):
 
 
 class Initiator(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     rank: int | None = None
     local_rank: int | None = None
@@ -57,7 +57,7 @@ class Initiator(BaseModel):
 
 
 class CollateralEntry(BaseModel):
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
+    model_config = ConfigDict(frozen=True, populate_by_name=True, defer_build=True)
 
     class_: str = Field(alias="class")
     ranks: list[int] = Field(default_factory=list)
@@ -66,7 +66,7 @@ class CollateralEntry(BaseModel):
 
 
 class Evidence(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     rank: int | None = None
     host: str | None = None
@@ -78,7 +78,8 @@ class Evidence(BaseModel):
 class Incident(BaseModel):
     """The JSON contract of `rootrank diagnose --format json` and of the incidents topic/index."""
 
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
+    # Built on first use (defer_build), as the incident models: a diagnosis that finds nothing never does.
+    model_config = ConfigDict(frozen=True, populate_by_name=True, defer_build=True)
 
     incident_id: str
     job_id: str

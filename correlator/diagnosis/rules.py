@@ -41,8 +41,10 @@ class RuleError(Exception):
         super().__init__("\n".join(self.problems))
 
 
+# The rule models are built on first validation (defer_build): a start-up that reads the rule set from the
+# cache unpickles rules and never validates one.
 class FailureClass(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="allow")
+    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True)
 
     slug: str
     title: str
@@ -53,7 +55,7 @@ class FailureClass(BaseModel):
 
 
 class Examples(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     match: list[str] = Field(min_length=2)
     no_match: list[str] = Field(min_length=2)
@@ -62,7 +64,7 @@ class Examples(BaseModel):
 class Sequence_(BaseModel):
     """The rule's signal counts only when one of `after` matched earlier in the same job."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     after: list[str] = Field(min_length=1, description="hyperscan patterns of the earlier event")
     within_s: float = Field(default=3600.0, gt=0)
@@ -72,7 +74,7 @@ class Sequence_(BaseModel):
 class Absence(BaseModel):
     """The rule's patterns are a start marker; a signal is raised when no `end` follows within the deadline."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     end: list[str] = Field(min_length=1)
     deadline_s: float = Field(gt=0)
@@ -88,7 +90,7 @@ class Absence(BaseModel):
 class Metric(BaseModel):
     """A number extracted by `extract` (named group `field`) is compared across ranks or steps."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     field: str
     spike_ratio: float = Field(default=10.0, gt=1)
@@ -98,7 +100,7 @@ class Metric(BaseModel):
 class SourceRef(BaseModel):
     """Where the message is emitted: a repository file (the code that raises or logs it) or a vendor doc."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     repo: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
     path: str | None = Field(default=None, min_length=1)
@@ -114,7 +116,7 @@ class SourceRef(BaseModel):
 
 
 class Rule(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, defer_build=True)
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     title: str = Field(min_length=3)
