@@ -222,6 +222,7 @@ class SignalExtractor:
         whose texts the caller has joined already (each is "\n".join(texts[lo:hi]), no text holding "\n").
         """
         routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]] = {}
+        capped = not runs  # lines that come with their streams' runs get every progress line looked at
         runs = [run for run in runs if run[1] - run[0] >= MIN_RUN_LINES]
         encoded = _encode_lines(texts, runs, known)
         if encoded is None:
@@ -232,7 +233,7 @@ class SignalExtractor:
             routine_raw = self.matcher.scan_routine(buf, byte_runs)
             indexed = self.matcher.scan_joined(buf, raw=main_raw)
             indexed.extend(self._routine_lines(buf, routine_raw, {i for i, _ in indexed}, texts, stream_of, routine,
-                                               runs))
+                                               runs, capped=capped))
             indexed.sort(key=lambda pair: (pair[0], pair[1].rule_index))
         out: list[Signal] = []
         for index, hit in best_hits_per_line(indexed, self.rules):
@@ -287,11 +288,11 @@ class SignalExtractor:
     def _routine_lines(self, buf: bytes, routine_raw: Sequence[tuple[int, int]], hard_lines: set[int],
                        texts: Sequence[str], stream_of: Callable[[int], Hashable],
                        routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]],
-                       runs: Sequence[tuple[int, int]] = ()) -> list[tuple[int, Hit]]:
+                       runs: Sequence[tuple[int, int]] = (), *, capped: bool = True) -> list[tuple[int, Hit]]:
         """Fold the routine hits of lines no other rule hit into `routine`, as `best_hits_per_line` and the
         loop of `from_texts` would: per line, one metric hit (the best rule) and every progress marker.
         Routine hits on the other lines are returned as Hits, for the ordinary path. `runs`: line ranges
-        of one stream each (the stream is asked once per run)."""
+        of one stream each (the stream is asked once per run). `capped`: see below."""
         matcher = self.matcher
         base, expand = matcher.routine_base, matcher.routine_expand
         passed: list[tuple[int, Hit]] = []
@@ -329,13 +330,14 @@ class SignalExtractor:
                 elif value < current[3]:
                     routine[key] = (current[0], current[1], current[2], value)
 
-        # Without runs, as Matcher.scan_buffer: of a progress marker only the latest FREQUENT_CAP hits per
-        # buffer count (a buffer of one-line messages can hold a step line of every rank). With runs, a run
-        # reports a progress id once, and a cap would drop whole processes of a batch of many.
+        # Capped, as Matcher.scan_buffer: of a progress marker only the latest FREQUENT_CAP hits per buffer
+        # count (a buffer of one-line messages can hold a step line of every rank). Lines that came with
+        # their runs are not capped: a long run reports a progress id once, and a cap would drop whole
+        # processes from a batch of many processes' messages, short ones included.
         is_metric = matcher.routine_metric
         counts: dict[int, int] = {}
         skip: set[int] = set()
-        for k in range(len(routine_raw) - 1 if not runs else -1, -1, -1):
+        for k in range(len(routine_raw) - 1 if capped else -1, -1, -1):
             rid = routine_raw[k][1]
             if not is_metric[rid - base]:
                 seen_of_rid = counts.get(rid, 0)

@@ -121,3 +121,20 @@ def test_a_shipped_batch_keeps_every_process_latest_progress_and_its_metric_extr
         if "metric_min" in s.fields:
             metrics.setdefault(s.rank, set()).add((float(s.fields["grad_norm"]), float(s.fields["metric_min"])))
     assert metrics == expected_norms
+
+
+def test_short_shipped_messages_of_many_processes_each_keep_their_latest_progress(extractor: SignalExtractor) -> None:
+    """Messages too short for a tail scan (a process that logs little flushes small batches): a fetched
+    batch of 300 such messages holds more step lines than FREQUENT_CAP, and every process keeps its own."""
+    values = [encode_batch([(None, "stdout", hf_step(step, 1.0)) for step in range(rank, rank + 4)],
+                           job_id="llama", host=f"node-{rank // 8}", rank=rank, file="train.log")
+              for rank in range(300)]
+    assert 300 * 4 > FREQUENT_CAP
+    out = MatchProcessor(extractor).process([RawMessage(v, "rootrank.logs", 0, i) for i, v in enumerate(values)])
+    latest: dict[tuple[int | None, str], str] = {}
+    for s in out.signals:
+        if s.fields.get("marker") == "end":
+            latest[(s.rank, s.rule_id)] = s.line
+    rule_ids = {rule_id for _, rule_id in latest}
+    assert rule_ids
+    assert latest == {(rank, rule_id): hf_step(rank + 3, 1.0) for rank in range(300) for rule_id in rule_ids}
