@@ -146,3 +146,16 @@ def test_job_entry_dict_is_the_state_dump_also_when_reused(extractor: SignalExtr
         assert data["state"] == entry.state.model_dump(mode="json", by_alias=True)
         assert list(data["state"]) == list(entry.state.model_dump(mode="json", by_alias=True))
     assert JobEntry.from_dict("j", data).state.model_dump() == entry.state.model_dump()
+
+
+def test_a_shipped_batch_with_invalid_utf8_is_dead_lettered_or_replaced_as_asked(extractor: SignalExtractor) -> None:
+    """A shipped batch holding an invalid byte is a `not_utf8` dead letter by default, and is decoded with
+    U+FFFD with invalid_utf8="replace" (its good lines still count)."""
+    value = encode_batch([(None, None, "[rank0]: step 3 loss 2.1"), (None, None, f"[rank1]: {OOM} @@")],
+                         job_id="j").replace(b"@@", b"\xff\xfe")
+    message = RawMessage(value, "rootrank.logs", 0, 3)
+    out = MatchProcessor(extractor).process([message])
+    assert [letter["reason"] for letter in out.dead_letters] == ["not_utf8"] and out.processed == 0
+    out = MatchProcessor(extractor, invalid_utf8="replace").process([message])
+    assert not out.dead_letters and out.processed == 1
+    assert [s.rank for s in out.signals if s.kind == "match"] == [1]
