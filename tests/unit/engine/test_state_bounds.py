@@ -1,0 +1,60 @@
+"""The job state's per-rule bounds hold whatever order the signals come in: a rule keeps its latest
+MAX_MARKERS_PER_RULE markers of each kind, and a rule its earliest matches individually (the rest folded
+into its aggregate). The bound checks look up a rule's signals by an index kept with
+the state's key index; these tests fail when that index goes stale."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+from correlator.diagnosis.engine import JobState
+from correlator.diagnosis.engine.state import _PER_RULE, MAX_MARKERS_PER_RULE, sort_key
+from correlator.diagnosis.models import Signal
+
+T0 = datetime(2026, 3, 14, 9, 0, 0, tzinfo=UTC)
+
+
+def _marker(rule_id: str, rank: int, at_s: float) -> Signal:
+    return Signal(job_id="j", rule_id=rule_id, kind="fact", host=f"node-{rank // 8}", rank=rank,
+                  ts=T0 + timedelta(seconds=at_s), line=f"step {int(at_s)}", fields={"marker": "end", "progress": 1})
+
+
+def _timeout(rank: int, at_s: float) -> Signal:  # folded into an aggregate, never kept
+    return Signal(job_id="j", rule_id="nccl-watchdog-timeout", class_="nccl_timeout", role="collateral",
+                  severity="high", host=f"node-{rank // 8}", rank=rank, ts=T0 + timedelta(seconds=at_s),
+                  line=f"[Rank {rank}] Watchdog caught collective operation timeout")
+
+
+def test_each_rule_keeps_its_latest_markers_and_no_more() -> None:
+    rng = random.Random(5)
+    signals = [_marker(rule, rank, rng.uniform(0, 600)) for rule in ("progress-a", "progress-b") for rank in range(200)]
+    rng.shuffle(signals)
+    state = JobState(job_id="j")
+    for signal in signals:
+        state.add(signal)
+        # interleave other rules' signals so positions move under the index
+        state.add(_timeout(rng.randrange(200), rng.uniform(0, 600)))
+    for rule in ("progress-a", "progress-b"):
+        kept = sorted((s for s in state.signals if s.rule_id == rule), key=sort_key)
+        wanted = sorted((s for s in signals if s.rule_id == rule), key=sort_key)[-MAX_MARKERS_PER_RULE:]
+        assert kept == wanted
+
+
+def _error(rank: int, at_s: float) -> Signal:
+    return Signal(job_id="j", rule_id="dataloader-worker-killed", class_="dataloader_worker_killed", role="either",
+                  severity="high", host=f"node-{rank // 8}", rank=rank, ts=T0 + timedelta(seconds=at_s),
+                  line=f"[rank{rank}]: RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed.")
+
+
+def test_a_rule_keeps_its_earliest_matches_individually_and_folds_the_rest() -> None:
+    rng = random.Random(6)
+    errors = [_error(rank, rng.uniform(0, 60)) for rank in range(100)]
+    state = JobState(job_id="j")
+    for index, signal in enumerate(errors):
+        state.add(signal)
+        state.add(_marker("progress-a", index, 1000 + index))  # other rules' signals move positions
+    kept = [s for s in state.signals if s.rule_id == "dataloader-worker-killed"]
+    limit = _PER_RULE["either"]
+    assert sorted(kept, key=sort_key) == sorted(errors, key=sort_key)[:limit]
+    assert sum(a.count for a in state.aggregates.values()) == len(errors) - limit
