@@ -250,7 +250,6 @@ class JobState(BaseModel):
     revisions: dict[str, int] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
     _index: dict[str, int] | None = PrivateAttr(default=None)
-    _by_rule: dict[str, list[int]] = PrivateAttr(default_factory=dict)  # rule id -> positions, with _index
 
     # --- adding -------------------------------------------------------------------------
 
@@ -297,16 +296,7 @@ class JobState(BaseModel):
     def _key_index(self) -> dict[str, int]:
         if self._index is None or len(self._index) != len(self.signals):
             self._index = {dedupe_key(s): i for i, s in enumerate(self.signals)}
-            self._by_rule = {}
-            for i, s in enumerate(self.signals):
-                self._by_rule.setdefault(s.rule_id, []).append(i)
         return self._index
-
-    def _positions_of_rule(self, rule_id: str) -> list[int]:
-        """Positions of the rule's individual signals, in order (kept with the key index: a bound check
-        per new signal then looks at the rule's few signals, not all of them)."""
-        self._key_index()
-        return self._by_rule.get(rule_id, [])
 
     def _add_individual(self, signal: Signal) -> bool:
         key = dedupe_key(signal)
@@ -322,7 +312,7 @@ class JobState(BaseModel):
                 return True
             return False
         if signal.kind == "match":
-            same_rule = [i for i in self._positions_of_rule(signal.rule_id) if self.signals[i].kind == "match"]
+            same_rule = [i for i, s in enumerate(self.signals) if s.rule_id == signal.rule_id and s.kind == "match"]
             limit = _PER_RULE.get(signal.role, _PER_RULE["either"])
             if len(same_rule) >= limit:
                 latest = max(same_rule, key=lambda i: sort_key(self.signals[i]))
@@ -338,7 +328,6 @@ class JobState(BaseModel):
             self._drop(signal)
             return False
         self._key_index()[key] = len(self.signals)
-        self._by_rule.setdefault(signal.rule_id, []).append(len(self.signals))
         self.signals.append(signal)
         return True
 
@@ -383,7 +372,8 @@ class JobState(BaseModel):
         marker = signal.fields.get("marker")
         key = dedupe_key(signal)
         if key not in self._key_index():
-            peers = [i for i in self._positions_of_rule(signal.rule_id) if self.signals[i].fields.get("marker") == marker]
+            peers = [i for i, s in enumerate(self.signals) if s.rule_id == signal.rule_id
+                     and s.fields.get("marker") == marker]
             if len(peers) >= MAX_MARKERS_PER_RULE:
                 earliest = min(peers, key=lambda i: sort_key(self.signals[i]))
                 if sort_key(signal) <= sort_key(self.signals[earliest]):
@@ -436,7 +426,7 @@ class JobState(BaseModel):
                 self.signals[position] = winner.model_copy(update={"fields": {**winner.fields, "metric_min": low}})
                 return winner is signal
             return False
-        peers = list(self._positions_of_rule(signal.rule_id))
+        peers = [i for i, s in enumerate(self.signals) if s.rule_id == signal.rule_id]
         if len(peers) >= MAX_METRIC_PROCESSES:
             def value(i: int) -> float:
                 v = self.signals[i].fields.get(field)

@@ -1,7 +1,7 @@
 """The job state's per-rule bounds hold whatever order the signals come in: a rule keeps its latest
 MAX_MARKERS_PER_RULE markers of each kind, and a rule its earliest matches individually (the rest folded
-into its aggregate). The bound checks look up a rule's signals by an index kept with
-the state's key index; these tests fail when that index goes stale."""
+into its aggregate). Other rules' signals are interleaved, so positions in the state move while the bounds
+are checked."""
 
 from __future__ import annotations
 
