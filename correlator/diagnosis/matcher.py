@@ -193,7 +193,6 @@ class Matcher:
         """The main database's matches and the routine database's, apart (a database not asked for gives
         none): (end offset, id) each, in buffer order. A progress id's end offset is its line's end; a
         metric id's is the match's end."""
-        scan_main, scan_routine = main, routine
         hi = len(buf) if hi is None else hi
         hits: list[tuple[int, int]] = []
         routine_hits: list[tuple[int, int]] = []
@@ -205,9 +204,9 @@ class Matcher:
             def on_match(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
                 hits.append((lo + to, expr_id))
 
-            if scan_main:
+            if main:
                 self.db.scan(view, match_event_handler=on_match, scratch=scratch[0])  # type: ignore[type-var]
-            if self.routine_db is not None and scan_routine:
+            if self.routine_db is not None and routine:
                 add = routine_hits.append
 
                 def on_routine(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
@@ -302,7 +301,7 @@ class Matcher:
         return self._run_databases
 
     def _scratch_for(self, db: hyperscan.Database) -> hyperscan.Scratch:
-        """This thread's scratch space for one of the databases built after start-up."""
+        """This thread's scratch space for one of the matcher's databases."""
         spaces: dict[int, hyperscan.Scratch] | None = getattr(self._local, "spaces", None)
         if spaces is None:
             spaces = self._local.spaces = {}
@@ -327,14 +326,7 @@ class Matcher:
     def _scratch(self) -> tuple[hyperscan.Scratch, hyperscan.Scratch | None]:
         """Scratch space for the two databases, one pair per thread (hyperscan releases the GIL while it
         scans, so callers may scan on several threads)."""
-        scratch = getattr(self._local, "scratch", None)
-        if scratch is None:
-            scratch = (
-                hyperscan.Scratch(self.db),
-                hyperscan.Scratch(self.routine_db) if self.routine_db is not None else None,
-            )
-            self._local.scratch = scratch
-        return scratch
+        return self._scratch_for(self.db), self._scratch_for(self.routine_db) if self.routine_db is not None else None
 
     def scan_buffer(
         self, buf: Buffer, lo: int = 0, hi: int | None = None, *, frequent_cap: int = FREQUENT_CAP,
