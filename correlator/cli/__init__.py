@@ -7,8 +7,10 @@ function, so that `rootrank diagnose` and `--help` do not pay for the streaming 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Iterator, MutableMapping
+from typing import NoReturn
 
 import click
 
@@ -101,12 +103,36 @@ def rootrank() -> None:
 rootrank.commands = LazyCommands(COMMANDS)
 
 
+# In the context's `meta`: set by `main` when it runs as the program (not called by a test or a library);
+# set by a command that has flushed and closed what it wrote by the time it returns.
+AS_PROGRAM = "rootrank.as_program"
+EXIT_AT_ONCE = "rootrank.exit_at_once"
+
+
+def _exit_at_once(code: int) -> NoReturn:
+    """End the process without the interpreter's teardown, which frees every module and object one by one:
+    for a one-line `diagnose` that was about a sixth of its wall time."""
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        pass  # a reader that went away, or a stream already closed: nothing more can reach it
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its return value is the exit code (2 for a usage error, 130 when interrupted)."""
+    """Run one command; its return value is the exit code (2 for a usage error, 130 when interrupted).
+    Run as the program (no `argv`), a command that asks for it ends the process here (`EXIT_AT_ONCE`)."""
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         with rootrank.make_context("rootrank", args) as ctx:
-            return int(rootrank.invoke(ctx) or 0)
+            ctx.meta[AS_PROGRAM] = argv is None
+            code = int(rootrank.invoke(ctx) or 0)
+        if argv is None and ctx.meta.get(EXIT_AT_ONCE):
+            _exit_at_once(code)
+        return code
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.format_message())
         return 2

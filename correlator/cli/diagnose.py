@@ -52,12 +52,29 @@ def diagnose(paths: tuple[str, ...], output_format: str, output: str | None, fai
 
     All given paths form one job: files, folders (recursive), .gz, or - for stdin.
     """
-    from correlator.offline.diagnose import Diagnoser, DiagnoseStats, InputError, default_jobs, iter_sources
+    import gc
 
-    ruleset = load_ruleset_or_report(rules_dir)
-    if ruleset is None:
-        return 2
-    diagnoser = Diagnoser(ruleset, jobs=scan_processes or default_jobs())
+    from correlator.cli import AS_PROGRAM, EXIT_AT_ONCE
+
+    meta = click.get_current_context().meta
+    meta[EXIT_AT_ONCE] = True
+    # Start-up builds the engine's modules, the rule set and the matcher: many objects, no garbage worth
+    # a collection, and collections during it were about a sixth of a one-line diagnosis. In the program
+    # they live until it ends, so later collections need not walk them either (freeze).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        from correlator.offline.diagnose import Diagnoser, DiagnoseStats, InputError, default_jobs, iter_sources
+
+        ruleset = load_ruleset_or_report(rules_dir)
+        if ruleset is None:
+            return 2
+        diagnoser = Diagnoser(ruleset, jobs=scan_processes or default_jobs())
+        if meta.get(AS_PROGRAM):
+            gc.freeze()
+    finally:
+        if collecting:
+            gc.enable()
     stats = DiagnoseStats()
     sources = list(paths)
     try:

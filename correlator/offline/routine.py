@@ -19,6 +19,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import repeat
+from operator import itemgetter, sub
 
 from correlator.diagnosis.matcher import Buffer, Hit, Matcher
 from ingest.prefixes import Identity
@@ -26,6 +28,12 @@ from ingest.prefixes import Identity
 METRIC_KEEP = 16
 _VALUE_WINDOW = 96  # bytes before a metric match's end searched for its value (name, separators, number)
 _KEY = 16  # a line's first bytes that key its process (a rank prefix `[rank12345]:` fits)
+# A metric pattern that ends with its value as a plain number, then one byte that cannot continue it or
+# the line's end: the value is the last run of number bytes before the match's end.
+_TRAILING_NUMBER = r"[0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)(?:[^0-9.e]|$)"
+# Every byte that cannot be part of such a number becomes a space, so the value is the last word.
+_NUMBER_WORDS = bytes(c if c in b"0123456789.eE+-" else 0x20 for c in range(256))
+_NUMBER_WINDOW = 64  # bytes before a match's end that hold its value; a longer "number" is read one by one
 
 ProcessKey = object  # bytes (a rank-naming prefix) or a tuple (rank, host, pid, local_rank)
 
@@ -60,6 +68,9 @@ class RoutineAggregator:
         self.matcher = matcher
         self.identify = identify
         self._prefixes: dict[bytes, bytes | None] = {}  # a line's first bytes -> the rank prefix they start with
+        # per metric routine id - base: whether its value is the number its match ends with
+        self._trailing = [regex is not None and regex.pattern.endswith(f"(?P<{name}>{_TRAILING_NUMBER}".encode())
+                          for regex, name in matcher.routine_value]
         self._named: dict[str, bool] = {}  # a prefix -> whether it is whole prefixes naming a rank
 
     def _rank_prefix(self, key: bytes) -> bytes | None:
@@ -125,23 +136,17 @@ class RoutineAggregator:
         """Metric hits, in bulk per pattern: line starts, keys and values with C-level maps, then one
         pass that keeps each (pattern, process)'s largest and smallest value."""
         base = self.matcher.routine_base
-        by_id: dict[int, list[int]] = {}
-        for to, rid in hits:
-            by_id.setdefault(rid, []).append(to)
+        ids = set(map(itemgetter(1), hits))
+        by_id = ({ids.pop(): list(map(itemgetter(0), hits))} if len(ids) == 1
+                 else {rid: [to for to, i in hits if i == rid] for rid in sorted(ids)})
         metric = acc.metric
         for rid, ends in by_id.items():
             r = rid - base
-            regex, name = self.matcher.routine_value[r]
             # A metric match may end on its line's newline: look for the line's start before that.
-            starts, keys = self._keys(buf, lo, hi, [to - 1 for to in ends])
-            if regex is not None:
-                # The match ends at `to`, the value just before it: search the last _VALUE_WINDOW bytes only.
-                found = list(map(partial(regex.search, buf),
-                                 [max(s, to - _VALUE_WINDOW) for s, to in zip(starts, ends)], ends))
-                values = [float(m.group(name)) if m is not None else self._value(buf, start, hi, r)
-                          for m, start in zip(found, starts)]
-            else:
-                values = [self._value(buf, start, hi, r) for start in starts]
+            starts, keys = self._keys(buf, lo, hi, list(map(sub, ends, repeat(1))))
+            values = self._trailing_numbers(buf, starts, ends) if self._trailing[r] else None
+            if values is None:
+                values = self._values(buf, hi, r, starts, ends)
             for key, value, start in zip(keys, values, starts):
                 current = metric.get((r, key))
                 if current is None:
@@ -150,6 +155,30 @@ class RoutineAggregator:
                     current[0], current[1] = value, start
                 elif value < current[2]:
                     current[2] = value
+
+    @staticmethod
+    def _trailing_numbers(buf: Buffer, starts: list[int], ends: list[int]) -> list[float] | None:
+        """The number each match ends with, read in bulk (see `_TRAILING_NUMBER`); None when one of them is
+        not a plain number or too long for the window (a terminator that is a sign, say): the caller then
+        reads them one by one with the rule's regex."""
+        windows = map(buf.__getitem__, map(slice, map(max, starts, map(sub, ends, repeat(_NUMBER_WINDOW))), ends))
+        try:
+            numbers = list(map(itemgetter(-1), map(bytes.split, map(bytes.translate, windows, repeat(_NUMBER_WORDS)))))
+            if max(map(len, numbers), default=0) >= _NUMBER_WINDOW - 8:
+                return None
+            return list(map(float, numbers))
+        except (IndexError, ValueError):
+            return None
+
+    def _values(self, buf: Buffer, hi: int, r: int, starts: list[int], ends: list[int]) -> list[float]:
+        """Metric values one by one: the rule's value regex over the bytes before each match's end."""
+        regex, name = self.matcher.routine_value[r]
+        if regex is None:
+            return [self._value(buf, start, hi, r) for start in starts]
+        # The match ends at `to`, the value just before it: search the last _VALUE_WINDOW bytes only.
+        found = list(map(partial(regex.search, buf), [max(s, to - _VALUE_WINDOW) for s, to in zip(starts, ends)], ends))
+        return [float(m.group(name)) if m is not None else self._value(buf, start, hi, r)
+                for m, start in zip(found, starts)]
 
     def _process(self, key: ProcessKey) -> ProcessKey:
         """A key as the process it names: a rank's prefix for the bytes keys, the identity tuple otherwise."""

@@ -181,3 +181,26 @@ def test_a_small_diagnosis_imports_only_what_diagnose_needs(tmp_path: Path, line
     if finds == "No incident":
         unwanted |= {"rich", "correlator.render.text"}
     assert not modules & unwanted, sorted(modules & unwanted)
+
+
+def test_the_program_ends_at_once_after_a_diagnosis_with_its_output_and_exit_code_whole(tmp_path: Path) -> None:
+    """Run as the program, `diagnose` skips the interpreter's teardown (atexit hooks do not run), yet the
+    report, the -o file and the exit code are all there; called as a function, it returns as usual."""
+    log = tmp_path / "rank3.log"
+    log.write_text(OOM + "\n")
+    program = ("import atexit, sys\nfrom correlator.cli import main\n"
+               "atexit.register(lambda: print('TEARDOWN', file=sys.stderr))\n"
+               "how, sys.argv = sys.argv[1], ['rootrank', *sys.argv[2:]]\n"
+               "sys.exit(main(None if how == 'program' else sys.argv[1:]))\n")
+    report = tmp_path / "report.json"
+    for how, expect_teardown in (("program", False), ("function", True)):
+        run = subprocess.run([sys.executable, "-c", program, how, "diagnose", "--fail-on", "high", str(log)],
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert run.returncode == 1, run.stderr
+        assert "cuda_oom" in run.stdout and run.stdout.rstrip().endswith("╯"), run.stdout[-200:]
+        assert ("TEARDOWN" in run.stderr) is expect_teardown, (how, run.stderr)
+        run = subprocess.run([sys.executable, "-c", program, how, "diagnose", "--format", "json", "-o", str(report),
+                              str(log)], capture_output=True, text=True, timeout=120, check=False)
+        assert run.returncode == 0 and f"wrote {report}" in run.stderr, run.stderr
+        assert json.loads(report.read_text())["incidents"][0]["class"] == "cuda_oom"
+        report.unlink()

@@ -83,3 +83,47 @@ def test_each_process_keeps_its_latest_progress_and_its_metric_extremes(
     for who, (high, low, _last) in expect.items():
         (peak,) = metric[who]
         assert peak.fields["grad_norm"] == high and peak.fields["metric_min"] == low, (who, peak.fields)
+
+
+_ODD_VALUES = [
+    "{'loss': 2.1, 'grad_norm': 0.8811, 'learning_rate': 2e-05}",
+    "{'grad_norm': 12}",
+    " iteration     3100/  200000 | lm loss: 2.011E+00 | grad norm: 0.377 | params norm: 227.153 |",
+    "| epoch 003 | loss 4.112 | nll_loss 2.61 | gnorm 0.512 | lr 0.0005",
+    "step 9 grad_norm=1.5e+03, weight_norm=3E-2;",
+    'grad_norm: "7.25"',
+    "grad norm:\t65504.0\r",
+    "grad_norm=4.5-",  # a sign after the value: not a plain number, read by the regex
+    "grad_norm: 1" + "0" * 70 + ".5 (a number longer than the window)",
+    "gradient_norm: 3 at the end",
+    "grad_norm: 8",  # the value ends the buffer
+]
+
+
+def test_metric_values_read_in_bulk_equal_the_rules_value_regex(diagnoser: Diagnoser) -> None:
+    """The bulk reader (the last number before each match's end) gives what the rule's regex gives, or
+    gives up (None) and the regex reads the lot."""
+    aggregator, matcher = diagnoser.routine, diagnoser.matcher
+    buf = "\n".join(f"[rank{i}]:{line}" for i, line in enumerate(_ODD_VALUES)).encode()
+    hits = [hit for hit in matcher.scan_split(buf, main=False)[1] if hit[1] < matcher.routine_base + matcher.routine_metrics]
+    by_id: dict[int, list[int]] = {}
+    for to, rid in hits:
+        by_id.setdefault(rid - matcher.routine_base, []).append(to)
+    assert len(by_id) >= 3  # grad norm, gnorm and params/weight norm
+    read_in_bulk = 0
+    for r, ends in by_id.items():
+        assert aggregator._trailing[r]
+        starts = [buf.rfind(b"\n", 0, to - 1) + 1 for to in ends]
+        exact = aggregator._values(buf, len(buf), r, starts, ends)
+        for one in range(len(ends)):  # each alone, so one odd value does not send the others to the regex
+            bulk = aggregator._trailing_numbers(buf, starts[one : one + 1], ends[one : one + 1])
+            if bulk is not None:
+                read_in_bulk += 1
+                assert bulk == exact[one : one + 1], buf[starts[one] : ends[one]]
+        together = aggregator._trailing_numbers(buf, starts, ends)
+        assert together is None or together == exact
+    assert read_in_bulk >= 9
+    sign = buf.index(b"grad_norm=4.5-")
+    assert aggregator._trailing_numbers(buf, [sign], [sign + len("grad_norm=4.5-")]) is None
+    long = buf.index(b"grad_norm: 10")
+    assert aggregator._trailing_numbers(buf, [long], [buf.index(b" (a number", long) + 1]) is None
