@@ -28,6 +28,9 @@ ExprRole = Literal["main", "after", "end"]
 Buffer = bytes | mmap.mmap
 
 FREQUENT_CAP = 1024
+# From this size on, scan_split scans a buffer once with both databases' expressions in one database:
+# about 12% less than the two scans on a training log; below it, the two databases already loaded do.
+COMBINED_SCAN_BYTES = 1 << 20
 SHIP_BATCH_KEY = b'"rootrank"'
 
 
@@ -90,6 +93,7 @@ class Matcher:
         self.use_cache = use_cache
         self.main_expressions = main  # (id, pattern, flags): what `db` was compiled from
         self.json_prefilter_db: hyperscan.Database | None = None  # built on first use (json_prefilter)
+        self.combined_db: hyperscan.Database | None = None  # built on first use (combined_database)
         # Routine ids start after the expression ids, so scan_raw's output says which database hit.
         self.routine_base = len(self.exprs)
         self.routine_expand: list[tuple[int, ...]] = []  # routine id - base -> the expr ids it stands for
@@ -198,8 +202,21 @@ class Matcher:
         routine_hits: list[tuple[int, int]] = []
         if hi <= lo:
             return hits, routine_hits
-        scratch = self._scratch()
         view = memoryview(buf)[lo:hi]  # no copy: hyperscan reads the caller's buffer (bytes or mmap)
+        if main and routine and hi - lo >= COMBINED_SCAN_BYTES and (combined := self.combined_database()) is not None:
+            both = hits
+            add_both = both.append
+
+            def on_either(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+                add_both((lo + to, expr_id))
+
+            try:
+                combined.scan(view, match_event_handler=on_either, scratch=self._scratch_for(combined))  # type: ignore[type-var]
+            finally:
+                view.release()
+            base = self.routine_base
+            return [hit for hit in both if hit[1] < base], [hit for hit in both if hit[1] >= base]
+        scratch = self._scratch()
         try:
             def on_match(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
                 hits.append((lo + to, expr_id))
@@ -322,6 +339,13 @@ class Matcher:
             exprs.append((0, SHIP_BATCH_KEY, 0))
             self.json_prefilter_db = self._load_or_compile(exprs, self.use_cache)
         return self.json_prefilter_db
+
+    def combined_database(self) -> hyperscan.Database | None:
+        """Both databases' expressions (same ids) in one database, for large buffers (`COMBINED_SCAN_BYTES`):
+        built on first use, cached on disk like the others; None without routine expressions."""
+        if self.combined_db is None and self.routine_db is not None:
+            self.combined_db = self._load_or_compile([*self.main_expressions, *self.routine_expressions], self.use_cache)
+        return self.combined_db
 
     def _scratch(self) -> tuple[hyperscan.Scratch, hyperscan.Scratch | None]:
         """Scratch space for the two databases, one pair per thread (hyperscan releases the GIL while it

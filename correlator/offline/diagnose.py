@@ -215,6 +215,7 @@ class Diagnoser:
         results: Iterator[tuple[list[Signal], int, RoutineAggregate]]
         pool = None
         if self.jobs > 1 and len(regions) > 1:
+            self.matcher.combined_database()  # built (or read from disk) once, before the processes fork
             pool = _fork_pool(self, min(self.jobs, len(regions)))
         try:
             if pool is not None:

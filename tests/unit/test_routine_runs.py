@@ -138,3 +138,30 @@ def test_short_shipped_messages_of_many_processes_each_keep_their_latest_progres
     rule_ids = {rule_id for _, rule_id in latest}
     assert rule_ids
     assert latest == {(rank, rule_id): hf_step(rank + 3, 1.0) for rank in range(300) for rule_id in rule_ids}
+
+
+def test_a_large_buffer_scanned_once_with_both_databases_gives_the_two_scans_hits(
+    extractor: SignalExtractor, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From COMBINED_SCAN_BYTES on, scan_split scans once with one database of both expression sets: the
+    failure hits and the routine hits it gives are those of the two separate scans."""
+    from correlator.diagnosis import matcher as matcher_module
+
+    matcher = extractor.matcher
+    rng = random.Random(11)
+    failures = ["[rank5]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                "[rank2]:[E ProcessGroupNCCL.cpp:616] [Rank 2] Watchdog caught collective operation timeout: "
+                "WorkNCCL(SeqNum=8, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600041 "
+                "milliseconds before timing out."]
+    lines = [f"[rank{rng.randrange(8)}]:{line}" for line in mixed_log(rng, 12_000)]
+    for at in range(0, len(lines), 1500):
+        lines.insert(at, failures[at % 2])
+    buf = ("\n".join(lines) + "\n").encode()
+    monkeypatch.setattr(matcher_module, "COMBINED_SCAN_BYTES", len(buf) + 1)
+    main_apart, routine_apart = matcher.scan_split(buf, 10, len(buf) - 10)
+    monkeypatch.setattr(matcher_module, "COMBINED_SCAN_BYTES", 1 << 10)
+    main_once, routine_once = matcher.scan_split(buf, 10, len(buf) - 10)
+    assert matcher.combined_db is not None
+    assert len(main_apart) >= 16 and len(routine_apart) > 5_000
+    assert sorted(main_once) == sorted(main_apart)  # the same (end, id) pairs; ids of one end may come in another order
+    assert routine_once == routine_apart
