@@ -19,8 +19,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import repeat
-from operator import itemgetter, sub
+from itertools import compress, repeat
+from operator import add, itemgetter, sub
 
 from correlator.diagnosis.matcher import Buffer, Hit, Matcher
 from ingest.prefixes import Identity
@@ -100,22 +100,27 @@ class RoutineAggregator:
         return (ident.rank, ident.host, ident.pid, ident.local_rank)
 
     def add(self, buf: Buffer, lo: int, hi: int, routine: list[tuple[int, int]], acc: RoutineAggregate) -> None:
-        """Fold `routine` (the routine database's (end, id) hits over `buf[lo:hi]`, in order) into `acc`."""
-        first_progress = self.matcher.routine_base + self.matcher.routine_metrics
-        progress = [hit for hit in routine if hit[1] >= first_progress]
-        if len(progress) < len(routine):
-            self._add_metric(buf, lo, hi, [hit for hit in routine if hit[1] < first_progress], acc)
-        if progress:
-            self._add_progress(buf, lo, hi, progress, acc)
+        """Fold `routine` (the routine database's (end, id) hits over `buf[lo:hi]`, in order) into `acc`,
+        one routine id at a time."""
+        base, is_metric = self.matcher.routine_base, self.matcher.routine_metric
+        ids = list(map(itemgetter(1), routine))
+        ends = list(map(itemgetter(0), routine))
+        distinct = sorted(set(ids))
+        for rid in distinct:
+            mine = ends if len(distinct) == 1 else list(compress(ends, map(rid.__eq__, ids)))
+            if is_metric[rid - base]:
+                self._add_metric(buf, lo, hi, rid - base, mine, acc)
+            else:
+                self._add_progress(buf, lo, hi, rid - base, mine, acc)
         acc.lines += len(routine)
 
     def _keys(self, buf: Buffer, lo: int, hi: int, ends: list[int]) -> tuple[list[int], list[ProcessKey]]:
         """Line starts and process keys of the lines ending at or containing `ends`, with C-level maps: the
-        newline before each line and the _KEY bytes after it are the key. Keys whose bytes start with no rank-naming prefix are replaced by the line's
-        parsed identity, one by one."""
+        newline before each line and the _KEY bytes after it are the key. Keys whose bytes start with no
+        rank-naming prefix are replaced by the line's parsed identity, one by one."""
         newlines = list(map(partial(buf.rfind, b"\n", max(lo - 1, 0)), ends))
-        keys: list[ProcessKey] = list(map(buf.__getitem__, map(slice, newlines, [n + 1 + _KEY for n in newlines])))
-        starts = [n + 1 for n in newlines]
+        keys: list[ProcessKey] = list(map(buf.__getitem__, map(slice, newlines, map(add, newlines, repeat(1 + _KEY)))))
+        starts = list(map(add, newlines, repeat(1)))
         first = 0
         while first < len(newlines) and newlines[first] < 0:  # the buffer's first line: no newline before it
             keys[first] = b"\n" + bytes(buf[0:_KEY])
@@ -123,38 +128,33 @@ class RoutineAggregator:
         prefix = self._rank_prefix
         bad = {key for key in set(keys) if prefix(key) is None}  # type: ignore[arg-type]
         if bad:
-            keys = [key if key not in bad else self._slow_key(buf, start, hi) for key, start in zip(keys, starts)]
+            for at in compress(range(len(keys)), map(bad.__contains__, keys)):
+                keys[at] = self._slow_key(buf, starts[at], hi)
         return starts, keys
 
-    def _add_progress(self, buf: Buffer, lo: int, hi: int, hits: list[tuple[int, int]], acc: RoutineAggregate) -> None:
-        """Progress hits end at their line's end: one dict of (id, key) -> latest line start, in bulk."""
-        base = self.matcher.routine_base
-        starts, keys = self._keys(buf, lo, hi, [hit[0] for hit in hits])
-        acc.progress.update(zip(zip([hit[1] - base for hit in hits], keys), starts))
+    def _add_progress(self, buf: Buffer, lo: int, hi: int, r: int, ends: list[int], acc: RoutineAggregate) -> None:
+        """Progress hits (of routine id base + `r`) end at their line's end: each process's latest line start."""
+        starts, keys = self._keys(buf, lo, hi, ends)
+        latest = dict(zip(keys, starts))  # in buffer order: the last one stays
+        acc.progress.update(zip(zip(repeat(r), latest), latest.values()))
 
-    def _add_metric(self, buf: Buffer, lo: int, hi: int, hits: list[tuple[int, int]], acc: RoutineAggregate) -> None:
-        """Metric hits, in bulk per pattern: line starts, keys and values with C-level maps, then one
-        pass that keeps each (pattern, process)'s largest and smallest value."""
-        base = self.matcher.routine_base
-        ids = set(map(itemgetter(1), hits))
-        by_id = ({ids.pop(): list(map(itemgetter(0), hits))} if len(ids) == 1
-                 else {rid: [to for to, i in hits if i == rid] for rid in sorted(ids)})
+    def _add_metric(self, buf: Buffer, lo: int, hi: int, r: int, ends: list[int], acc: RoutineAggregate) -> None:
+        """Metric hits (of routine id base + `r`), in bulk: line starts, keys and values with C-level maps,
+        then one pass that keeps each process's largest and smallest value."""
         metric = acc.metric
-        for rid, ends in by_id.items():
-            r = rid - base
-            # A metric match may end on its line's newline: look for the line's start before that.
-            starts, keys = self._keys(buf, lo, hi, list(map(sub, ends, repeat(1))))
-            values = self._trailing_numbers(buf, starts, ends) if self._trailing[r] else None
-            if values is None:
-                values = self._values(buf, hi, r, starts, ends)
-            for key, value, start in zip(keys, values, starts):
-                current = metric.get((r, key))
-                if current is None:
-                    metric[(r, key)] = [value, start, value]
-                elif value > current[0]:
-                    current[0], current[1] = value, start
-                elif value < current[2]:
-                    current[2] = value
+        # A metric match may end on its line's newline: look for the line's start before that.
+        starts, keys = self._keys(buf, lo, hi, list(map(sub, ends, repeat(1))))
+        values = self._trailing_numbers(buf, starts, ends) if self._trailing[r] else None
+        if values is None:
+            values = self._values(buf, hi, r, starts, ends)
+        for key, value, start in zip(keys, values, starts):
+            current = metric.get((r, key))
+            if current is None:
+                metric[(r, key)] = [value, start, value]
+            elif value > current[0]:
+                current[0], current[1] = value, start
+            elif value < current[2]:
+                current[2] = value
 
     @staticmethod
     def _trailing_numbers(buf: Buffer, starts: list[int], ends: list[int]) -> list[float] | None:
