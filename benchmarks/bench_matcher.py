@@ -57,7 +57,7 @@ _FORKED: tuple[Matcher, mmap.mmap] | None = None  # what the forked scan process
 def _hits_in(region: tuple[int, int]) -> int:
     assert _FORKED is not None
     matcher, mapped = _FORKED
-    main_raw, _routine = matcher.scan_split(mapped, *region)
+    main_raw, _routine = matcher.scan_grouped(mapped, *region)
     return len(matcher.scan_buffer(mapped, *region, raw=main_raw))
 
 
@@ -149,9 +149,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         t, c = time.perf_counter(), _cpu()
         hits = routine_hits = 0
         for lo, hi in regions:
-            main_raw, routine_raw = matcher.scan_split(mapped, lo, hi)
+            main_raw, routine_raw = matcher.scan_grouped(mapped, lo, hi)
             hits += len(matcher.scan_buffer(mapped, lo, hi, raw=main_raw))
-            routine_hits += len(routine_raw)
+            routine_hits += sum(map(len, routine_raw.values()))
         ours, ours_cpu = time.perf_counter() - t, _cpu() - c
 
         # 2b. The same with one forked scan process per CPU, as `rootrank diagnose` runs it.

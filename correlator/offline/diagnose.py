@@ -258,7 +258,7 @@ class Diagnoser:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            main, routine_hits = self.matcher.scan_split(body, lo, hi)
+            main, routine_hits = self.matcher.scan_grouped(body, lo, hi)
             if routine_hits:
                 self.routine.add(body, lo, hi, routine_hits, acc)
             del routine_hits

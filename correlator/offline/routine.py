@@ -99,20 +99,16 @@ class RoutineAggregator:
         ident = self.identify(bytes(buf[start : hi if end < 0 else end]).decode("utf-8", "replace").rstrip("\r"))
         return (ident.rank, ident.host, ident.pid, ident.local_rank)
 
-    def add(self, buf: Buffer, lo: int, hi: int, routine: list[tuple[int, int]], acc: RoutineAggregate) -> None:
-        """Fold `routine` (the routine database's (end, id) hits over `buf[lo:hi]`, in order) into `acc`,
-        one routine id at a time."""
+    def add(self, buf: Buffer, lo: int, hi: int, routine: dict[int, list[int]], acc: RoutineAggregate) -> None:
+        """Fold `routine` (the routine hits over `buf[lo:hi]`, per routine id: end offsets in buffer order, as
+        `Matcher.scan_grouped` gives them) into `acc`."""
         base, is_metric = self.matcher.routine_base, self.matcher.routine_metric
-        ids = list(map(itemgetter(1), routine))
-        ends = list(map(itemgetter(0), routine))
-        distinct = sorted(set(ids))
-        for rid in distinct:
-            mine = ends if len(distinct) == 1 else list(compress(ends, map(rid.__eq__, ids)))
+        for rid, ends in routine.items():
             if is_metric[rid - base]:
-                self._add_metric(buf, lo, hi, rid - base, mine, acc)
+                self._add_metric(buf, lo, hi, rid - base, ends, acc)
             else:
-                self._add_progress(buf, lo, hi, rid - base, mine, acc)
-        acc.lines += len(routine)
+                self._add_progress(buf, lo, hi, rid - base, ends, acc)
+            acc.lines += len(ends)
 
     def _keys(self, buf: Buffer, lo: int, hi: int, ends: list[int]) -> tuple[list[int], list[ProcessKey]]:
         """Line starts and process keys of the lines ending at or containing `ends`, with C-level maps: the

@@ -165,3 +165,25 @@ def test_a_large_buffer_scanned_once_with_both_databases_gives_the_two_scans_hit
     assert len(main_apart) >= 16 and len(routine_apart) > 5_000
     assert sorted(main_once) == sorted(main_apart)  # the same (end, id) pairs; ids of one end may come in another order
     assert routine_once == routine_apart
+
+
+@pytest.mark.parametrize("size", ["small", "large"], ids=["two-databases", "combined"])
+def test_grouped_hits_are_the_split_hits_per_routine_id(
+    extractor: SignalExtractor, monkeypatch: pytest.MonkeyPatch, size: str,
+) -> None:
+    """scan_grouped (what a diagnose region is scanned with) gives scan_split's hits: the failure hits
+    sorted, and per routine id the end offsets of that id's hits, in buffer order, from any `lo`."""
+    from correlator.diagnosis import matcher as matcher_module
+
+    matcher = extractor.matcher
+    lines = [f"[rank{n % 8}]:{line}" for n, line in enumerate(mixed_log(random.Random(5), 3_000))]
+    lines[1234] = "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    buf = ("\n".join(lines) + "\n").encode()
+    monkeypatch.setattr(matcher_module, "COMBINED_SCAN_BYTES", 1 << 10 if size == "large" else len(buf) + 1)
+    lo = buf.index(b"\n", 5_000) + 1
+    main, routine = matcher.scan_split(buf, lo, len(buf))
+    grouped_main, grouped = matcher.scan_grouped(buf, lo, len(buf))
+    assert grouped_main == sorted(main) and main
+    assert len(grouped) >= 3
+    assert grouped == {rid: [to for to, i in routine if i == rid] for rid in {i for _, i in routine}}
+    assert min(min(ends) for ends in grouped.values()) > lo
