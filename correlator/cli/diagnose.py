@@ -130,9 +130,9 @@ def _write(output_format: str, output: str | None, incidents: list, signals: lis
     """The report in its format, to FILE or stdout."""
     import io
 
-    import orjson
-
     if output_format == "json":
+        import orjson
+
         # failures the job survived are warnings, never "the" incident: they have their own list
         payload = {"incidents": [i.to_json_dict() for i in incidents if not i.recovered],
                    "recovered": [i.to_json_dict() for i in incidents if i.recovered]}

@@ -11,7 +11,7 @@ import os
 import pickle
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -299,11 +299,15 @@ def _hyperscan_problem(pattern: str, caseless: bool) -> str | None:
     return None
 
 
-def _rule_files(root: Path) -> Iterable[Path]:
-    for path in sorted(root.rglob("*.yaml")):
-        if path.name == "classes.yaml" or any(part.startswith(".") for part in path.parts):
-            continue
-        yield path
+def _rule_files(root: Path) -> list[Path]:
+    """Every rule file under `root`, in path order. Hidden files and folders inside `root` are skipped,
+    not the folders above it: a library installed under ~/.venv or ~/.local is read."""
+    found: list[Path] = []
+    for folder, folders, names in os.walk(root, followlinks=True):
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        found.extend(Path(folder, name) for name in names
+                     if name.endswith(".yaml") and not name.startswith(".") and name != "classes.yaml")
+    return sorted(found)
 
 
 def _all_patterns(rule: Rule) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
-import gzip
 import io
 import math
 import mmap
@@ -29,7 +28,6 @@ from correlator.diagnosis.models import Incident, Signal
 from correlator.diagnosis.rules import RuleSet, load_ruleset
 from correlator.diagnosis.signals import SignalExtractor, best_hits_per_line
 from correlator.offline.routine import RoutineAggregate, RoutineAggregator
-from ingest.decoders import DecodeError, decode_value, to_event
 from ingest.event import LogEvent
 from ingest.multiline import is_continuation, split_glued
 from ingest.prefixes import Identity, identity_from_path, parse_prefixes
@@ -84,6 +82,8 @@ def iter_sources(paths: Sequence[str], stats: DiagnoseStats) -> Iterator[Source]
                 continue
             size = f.stat().st_size
             if f.suffix == ".gz":
+                import gzip  # only for compressed input
+
                 yield Source(str(f), size, lambda f=f: gzip.open(f, "rb"))  # type: ignore[misc]
             else:
                 yield Source(str(f), size, lambda f=f: open(f, "rb"), f)  # type: ignore[misc]
@@ -135,7 +135,7 @@ class Diagnoser:
                 continue
             try:
                 signals.extend(self.signals_from_stream(source, stream, job_id, file_index, stats, progress))
-            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
                 stats.skipped.append(f"{source.name}: read failed ({exc})")
             finally:
                 if stream is not sys.stdin.buffer:
@@ -399,6 +399,8 @@ class Diagnoser:
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
+        from ingest.decoders import DecodeError, decode_value, to_event  # the forwarders' formats: JSON input only
+
         out: list[Signal] = []
         events: list[LogEvent] = []
         reader = io.BufferedReader(_Prepend(head, stream))  # type: ignore[arg-type]
@@ -516,6 +518,8 @@ def _identify_line(raw: str) -> Identity:
     header_ts = None
     text = raw
     if raw[:1].isdigit() or raw[:1] == "<":
+        from ingest.decoders import DecodeError, decode_value  # a line that may be rsyslog's: imported when one is
+
         try:
             records = decode_value(raw.encode("utf-8", "replace"))
         except DecodeError:

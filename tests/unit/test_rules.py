@@ -106,3 +106,19 @@ def test_non_strict_load_keeps_good_rules(tmp_path: Path) -> None:
 def test_json_schema_is_exported() -> None:
     schema = rule_json_schema()
     assert "patterns" in schema["properties"] and "class" in schema["properties"]
+
+
+def test_a_rule_folder_under_a_hidden_folder_is_read_and_hidden_entries_inside_it_are_not(tmp_path: Path) -> None:
+    """A library installed in ~/.venv or ~/.local lives under a hidden folder: its rules load. Inside the
+    folder, editor drafts and hidden folders are not rules."""
+    library = Path(__file__).resolve().parents[2] / "rules"
+    root = tmp_path / ".venv" / "lib" / "rules"
+    chosen = ["gpu/cuda-oom-pytorch.yaml", "distributed/nccl-watchdog-collective-timeout.yaml"]
+    for name in chosen:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text((library / name).read_text())
+    (root / ".drafts").mkdir()
+    (root / ".drafts" / "broken.yaml").write_text("id: [not a rule\n")
+    (root / "gpu" / ".#editing.yaml").write_text("id: [not a rule\n")
+    loaded = load_ruleset(root, use_cache=False)
+    assert sorted(str(rule.path.relative_to(root)) for rule in loaded.rules) == sorted(chosen)
