@@ -250,6 +250,11 @@ class JobState(BaseModel):
     revisions: dict[str, int] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
     _index: dict[str, int] | None = PrivateAttr(default=None)
+    # (rule id, marker) -> the earliest sort key of that rule's full set of markers when it was read: a new
+    # marker no later is refused without a scan. Markers are only replaced by later ones or added while it
+    # holds; any deletion forgets every floor. The dict is replaced, never changed in place, so a copy of
+    # the state does not share changes.
+    _marker_floors: dict[tuple[str, object], tuple[float, int]] = PrivateAttr(default_factory=dict)
 
     # --- adding -------------------------------------------------------------------------
 
@@ -334,7 +339,17 @@ class JobState(BaseModel):
             return False
         self._key_index()[key] = len(self.signals)
         self.signals.append(signal)
+        if "marker" in signal.fields:
+            self._forget_floors((signal.rule_id, signal.fields["marker"]))
         return True
+
+    def _forget_floors(self, which: tuple[str, object] | None = None) -> None:
+        """Forget one (rule id, marker)'s floor, or every floor (None: a signal was deleted)."""
+        private = self.__pydantic_private__
+        assert private is not None
+        floors = private["_marker_floors"]
+        if floors and (which is None or which in floors):
+            private["_marker_floors"] = {} if which is None else {k: v for k, v in floors.items() if k != which}
 
     def _evict(self, position: int) -> None:
         """Fold the signal at `position` into its rule's aggregate (with its repeats)."""
@@ -343,6 +358,7 @@ class JobState(BaseModel):
         self._fold(signal, 1 + self.repeats.pop(key, 0))
         del self.signals[position]
         self._index = None
+        self._forget_floors()
 
     def _make_room(self, incoming: Signal) -> bool:
         """Summarise before dropping: the rule with the most individual signals gives up its latest one;
@@ -364,6 +380,7 @@ class JobState(BaseModel):
             self._drop(self.signals[weakest])
             del self.signals[weakest]
             self._index = None
+            self._forget_floors()
             return True
         self._evict(max(positions, key=lambda i: sort_key(self.signals[i])))
         return True
@@ -377,15 +394,25 @@ class JobState(BaseModel):
         marker = signal.fields.get("marker")
         key = dedupe_key(signal)
         if key not in self._key_index():
+            which = (signal.rule_id, marker)
+            private = self.__pydantic_private__
+            assert private is not None
+            floor = private["_marker_floors"].get(which)
+            new_key = sort_key(signal)
+            if floor is not None and new_key <= floor:
+                return False  # no later than the earliest of a full set: a marker fed latest first costs no scan
             peers = [i for i, s in enumerate(self.signals) if s.rule_id == signal.rule_id
                      and s.fields.get("marker") == marker]
             if len(peers) >= MAX_MARKERS_PER_RULE:
                 earliest = min(peers, key=lambda i: sort_key(self.signals[i]))
-                if sort_key(signal) <= sort_key(self.signals[earliest]):
+                earliest_key = sort_key(self.signals[earliest])
+                if new_key <= earliest_key:
+                    private["_marker_floors"] = {**private["_marker_floors"], which: earliest_key}
                     return False
                 self.repeats.pop(dedupe_key(self.signals[earliest]), None)
                 del self.signals[earliest]
                 self._index = None
+                self._forget_floors()
         return self._add_individual(signal)
 
     # --- aggregates -----------------------------------------------------------------------
@@ -442,6 +469,7 @@ class JobState(BaseModel):
                 return False  # neither a new high nor a new low
             self.repeats.pop(dedupe_key(self.signals[middle]), None)
             del self.signals[middle]
+            self._forget_floors()
             self._index = None
         return self._append(signal, key)
 

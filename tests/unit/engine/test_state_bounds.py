@@ -58,3 +58,32 @@ def test_a_rule_keeps_its_earliest_matches_individually_and_folds_the_rest() -> 
     limit = _PER_RULE["either"]
     assert sorted(kept, key=sort_key) == sorted(errors, key=sort_key)[:limit]
     assert sum(a.count for a in state.aggregates.values()) == len(errors) - limit
+
+
+def test_markers_refused_by_a_remembered_floor_are_those_a_full_scan_refuses() -> None:
+    """A rule's full set of markers remembers its earliest sort key, so a marker no later is refused without
+    a scan. Fed latest first (as diagnose feeds progress lines), in random order, with repeats of the same
+    line and with evictions of other rules' signals in between, the state is at every step the one that
+    scanning for every marker gives."""
+    rng = random.Random(7)
+    markers = [_marker(rule, rank, rng.uniform(0, 600)) for rule in ("progress-a", "progress-b") for rank in range(120)]
+    latest_first = sorted(markers, key=sort_key, reverse=True)
+    shuffled = markers[:]
+    rng.shuffle(shuffled)
+    repeats = [m.model_copy(update={"ts": m.ts + timedelta(seconds=5)}) for m in rng.sample(markers, 40)]  # type: ignore[operator]
+    for feed in (latest_first, shuffled + repeats, latest_first[:60] + shuffled):
+        remembered, scanned = JobState(job_id="j"), JobState(job_id="j")
+        refused_by_floor = 0
+        for index, signal in enumerate(feed):
+            floors_before = dict(remembered.__pydantic_private__["_marker_floors"])  # type: ignore[index]
+            remembered.add(signal)
+            scanned._forget_floors()  # as if no floor were ever kept: every marker scans
+            scanned.add(signal)
+            key = (signal.rule_id, "end")
+            refused_by_floor += key in floors_before and sort_key(signal) <= floors_before[key]
+            if index % 7 == 0:  # matches past their rule's bound are evicted: positions move, floors are forgotten
+                for state in (remembered, scanned):
+                    state.add(_error(index % 100, float(index)))
+            assert remembered.signals == scanned.signals
+        assert remembered.repeats == scanned.repeats and remembered.progress == scanned.progress
+    assert refused_by_floor > 50
