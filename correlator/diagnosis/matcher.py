@@ -14,7 +14,7 @@ import os
 import re
 import threading
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from typing import Any, Literal
@@ -203,37 +203,30 @@ class Matcher:
         routine_hits: list[tuple[int, int]] = []
         if hi <= lo:
             return hits, routine_hits
+        base = self.routine_base
+        add_main, add_routine = hits.append, routine_hits.append
+
+        def on_match(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+            (add_main if expr_id < base else add_routine)((lo + to, expr_id))
+
+        self._scan_with(self._databases_for(hi - lo, main, routine), buf, lo, hi, on_match)
+        return hits, routine_hits
+
+    def _databases_for(self, size: int, main: bool = True, routine: bool = True) -> list[hyperscan.Database]:
+        """The databases a scan of `size` bytes for these expression sets runs: from COMBINED_SCAN_BYTES on,
+        when both are asked for, the one database of both."""
+        if main and routine and size >= COMBINED_SCAN_BYTES and (combined := self.combined_database()) is not None:
+            return [combined]
+        return [db for db, wanted in ((self.db, main), (self.routine_db, routine)) if db is not None and wanted]
+
+    def _scan_with(self, databases: list[hyperscan.Database], buf: Buffer, lo: int, hi: int,
+                   on_match: Callable[[int, int, int, int, object], None]) -> None:
         view = memoryview(buf)[lo:hi]  # no copy: hyperscan reads the caller's buffer (bytes or mmap)
-        if main and routine and hi - lo >= COMBINED_SCAN_BYTES and (combined := self.combined_database()) is not None:
-            both = hits
-            add_both = both.append
-
-            def on_either(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
-                add_both((lo + to, expr_id))
-
-            try:
-                combined.scan(view, match_event_handler=on_either, scratch=self._scratch_for(combined))  # type: ignore[type-var]
-            finally:
-                view.release()
-            base = self.routine_base
-            return [hit for hit in both if hit[1] < base], [hit for hit in both if hit[1] >= base]
-        scratch = self._scratch()
         try:
-            def on_match(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
-                hits.append((lo + to, expr_id))
-
-            if main:
-                self.db.scan(view, match_event_handler=on_match, scratch=scratch[0])  # type: ignore[type-var]
-            if self.routine_db is not None and routine:
-                add = routine_hits.append
-
-                def on_routine(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
-                    add((lo + to, expr_id))
-
-                self.routine_db.scan(view, match_event_handler=on_routine, scratch=scratch[1])  # type: ignore[type-var]
+            for db in databases:
+                db.scan(view, match_event_handler=on_match, scratch=self._scratch_for(db))  # type: ignore[type-var]
         finally:
             view.release()
-        return hits, routine_hits
 
     def scan_grouped(self, buf: Buffer, lo: int = 0, hi: int | None = None) -> tuple[list[tuple[int, int]], dict[int, list[int]]]:
         """Both databases' matches in `buf[lo:hi]`: the main ones as (end offset, id), sorted; the routine
@@ -248,14 +241,7 @@ class Matcher:
             def on_match(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
                 appenders[expr_id](to)
 
-            combined = self.combined_database() if hi - lo >= COMBINED_SCAN_BYTES else None
-            databases = [combined] if combined is not None else [db for db in (self.db, self.routine_db) if db is not None]
-            view = memoryview(buf)[lo:hi]  # no copy: hyperscan reads the caller's buffer (bytes or mmap)
-            try:
-                for db in databases:
-                    db.scan(view, match_event_handler=on_match, scratch=self._scratch_for(db))  # type: ignore[type-var]
-            finally:
-                view.release()
+            self._scan_with(self._databases_for(hi - lo), buf, lo, hi, on_match)
         base = self.routine_base
         main = sorted((lo + to, expr_id) for expr_id in range(base) if found[expr_id] for to in found[expr_id])
         routine = {rid: list(map(operator.add, found[rid], repeat(lo))) if lo else found[rid]
@@ -346,7 +332,8 @@ class Matcher:
         return self._run_databases
 
     def _scratch_for(self, db: hyperscan.Database) -> hyperscan.Scratch:
-        """This thread's scratch space for one of the matcher's databases."""
+        """This thread's scratch space for one of the matcher's databases (hyperscan releases the GIL while it
+        scans, so callers may scan on several threads)."""
         spaces: dict[int, hyperscan.Scratch] | None = getattr(self._local, "spaces", None)
         if spaces is None:
             spaces = self._local.spaces = {}
@@ -374,11 +361,6 @@ class Matcher:
         if self.combined_db is None and self.routine_db is not None:
             self.combined_db = self._load_or_compile([*self.main_expressions, *self.routine_expressions], self.use_cache)
         return self.combined_db
-
-    def _scratch(self) -> tuple[hyperscan.Scratch, hyperscan.Scratch | None]:
-        """Scratch space for the two databases, one pair per thread (hyperscan releases the GIL while it
-        scans, so callers may scan on several threads)."""
-        return self._scratch_for(self.db), self._scratch_for(self.routine_db) if self.routine_db is not None else None
 
     def scan_buffer(
         self, buf: Buffer, lo: int = 0, hi: int | None = None, *, frequent_cap: int = FREQUENT_CAP,

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, BinaryIO
 
 from correlator.diagnosis.engine import Engine, JobState
@@ -511,6 +512,14 @@ def diagnose_paths(paths: list[str], job_id: str | None = None) -> list[Incident
     return incidents
 
 
+@functools.cache
+def _decoders() -> ModuleType:
+    """The forwarders' decoders, imported by the first line that may be an rsyslog line, not at start-up."""
+    import ingest.decoders
+
+    return ingest.decoders
+
+
 @functools.lru_cache(maxsize=8192)
 def _identify_line(raw: str) -> Identity:
     """Identity of one line (see Diagnoser._identify)."""
@@ -518,11 +527,10 @@ def _identify_line(raw: str) -> Identity:
     header_ts = None
     text = raw
     if raw[:1].isdigit() or raw[:1] == "<":
-        from ingest.decoders import DecodeError, decode_value  # a line that may be rsyslog's: imported when one is
-
+        decoders = _decoders()
         try:
-            records = decode_value(raw.encode("utf-8", "replace"))
-        except DecodeError:
+            records = decoders.decode_value(raw.encode("utf-8", "replace"))
+        except decoders.DecodeError:
             records = []
         if records and records[0].source == "rsyslog":
             host, header_ts, text = records[0].host, records[0].ts, records[0].text
