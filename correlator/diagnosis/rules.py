@@ -439,7 +439,7 @@ def load_ruleset(root: Path | None = None, *, strict: bool = True, use_cache: bo
     classes_path = root / "classes.yaml"
     if not classes_path.exists():
         classes_path = default_rules_dir() / "classes.yaml"
-    files = list(_rule_files(root))
+    files = _rule_files(root)
     cache_key = _ruleset_cache_key(root, classes_path, files) if use_cache else None
     if cache_key is not None:
         cached = _read_cached_ruleset(cache_key)

@@ -17,6 +17,7 @@ and what was dropped is counted by class (`dropped`), so the incident can say so
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -298,11 +299,15 @@ class JobState(BaseModel):
 
     # --- individual signals ---------------------------------------------------------------
 
-    def _key_index(self) -> dict[str, int]:
-        # Read from pydantic's dict of private attributes: `self._index` goes through BaseModel.__getattr__,
-        # which was a fifth of adding a 326 MB log's signals.
+    def _private(self) -> dict[str, Any]:
+        """Pydantic's dict of this state's private attributes. Reading `self._index` goes through
+        BaseModel.__getattr__, which was a fifth of adding a 326 MB log's signals."""
         private = self.__pydantic_private__
         assert private is not None
+        return private
+
+    def _key_index(self) -> dict[str, int]:
+        private = self._private()
         index: dict[str, int] | None = private["_index"]
         if index is None or len(index) != len(self.signals):
             index = private["_index"] = {dedupe_key(s): i for i, s in enumerate(self.signals)}
@@ -345,8 +350,7 @@ class JobState(BaseModel):
 
     def _forget_floors(self, which: tuple[str, object] | None = None) -> None:
         """Forget one (rule id, marker)'s floor, or every floor (None: a signal was deleted)."""
-        private = self.__pydantic_private__
-        assert private is not None
+        private = self._private()
         floors = private["_marker_floors"]
         if floors and (which is None or which in floors):
             private["_marker_floors"] = {} if which is None else {k: v for k, v in floors.items() if k != which}
@@ -395,8 +399,7 @@ class JobState(BaseModel):
         key = dedupe_key(signal)
         if key not in self._key_index():
             which = (signal.rule_id, marker)
-            private = self.__pydantic_private__
-            assert private is not None
+            private = self._private()
             floor = private["_marker_floors"].get(which)
             new_key = sort_key(signal)
             if floor is not None and new_key <= floor:
