@@ -251,10 +251,9 @@ class JobState(BaseModel):
     revisions: dict[str, int] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
     _index: dict[str, int] | None = PrivateAttr(default=None)
-    # (rule id, marker) -> the earliest sort key of that rule's full set of markers when it was read: a new
-    # marker no later is refused without a scan. Markers are only replaced by later ones or added while it
-    # holds; any deletion forgets every floor. The dict is replaced, never changed in place, so a copy of
-    # the state does not share changes.
+    # (rule id, marker) -> the earliest sort key of that rule's full set of markers when read: a new marker
+    # no later is refused without a scan. Any deletion forgets every floor. The dict is replaced, never
+    # changed in place, so a copy of the state does not share changes.
     _marker_floors: dict[tuple[str, object], tuple[float, int]] = PrivateAttr(default_factory=dict)
 
     # --- adding -------------------------------------------------------------------------
@@ -300,8 +299,7 @@ class JobState(BaseModel):
     # --- individual signals ---------------------------------------------------------------
 
     def _private(self) -> dict[str, Any]:
-        """Pydantic's dict of this state's private attributes. Reading `self._index` goes through
-        BaseModel.__getattr__, which was a fifth of adding a 326 MB log's signals."""
+        """Pydantic's dict of private attributes (`self._index` goes through BaseModel.__getattr__: slow)."""
         private = self.__pydantic_private__
         assert private is not None
         return private
