@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import hyperscan
 
-from correlator.diagnosis.patterns import cache_dir, pattern_flags
+from correlator.diagnosis.patterns import cache_dir, json_string_edges, pattern_flags
 from correlator.diagnosis.rules import Rule, RuleSet, cached_database, store_databases
 
 ExprRole = Literal["main", "after", "end"]
@@ -343,11 +343,9 @@ class Matcher:
         return scratch
 
     def json_prefilter(self) -> hyperscan.Database:
-        """Every expression of both databases (same ids) in the form `prefilter.json_string_edges` gives
+        """Every expression of both databases (same ids) in the form `patterns.json_string_edges` gives
         it, for scanning raw one-line JSON values: built on first use, cached on disk like the others."""
         if self.json_prefilter_db is None:
-            from correlator.diagnosis.prefilter import json_string_edges
-
             exprs = [(i, json_string_edges(p), f) for i, p, f in [*self.main_expressions, *self.routine_expressions]]
             # A `rootrank ship` batch (many lines in one value) must be decoded: its key reports it as a
             # hit (any main id counts as one; ids need not be unique).

@@ -1,4 +1,6 @@
-"""Hyperscan compile settings shared by the rule loader (which proves patterns compile) and the matcher."""
+"""Hyperscan compile settings shared by the rule loader (which proves patterns compile) and the matcher, and the
+rewrite of a pattern for raw one-line JSON values (`json_string_edges`: the matcher compiles it, the
+prefilter scans with it)."""
 
 from __future__ import annotations
 
@@ -26,3 +28,57 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "rootrank"
     )
     return Path(base)
+
+
+_STRING_START = '(?:^|"|\\\\n)'
+_STRING_END = '(?:$|(?:\\\\n)*")'
+_TO_LINE_END = ("[^\\n]*", "[^\n]*", ".*")  # a `$` after these matches at the value's end anyway
+
+
+def json_string_edges(pattern: bytes) -> bytes:
+    """`pattern` with each `^` / `$` outside a character class also accepting a JSON string's quote."""
+    text = pattern.decode("utf-8")
+    for tail in ("[^\\n]*$", "[^\n]*$"):  # the routine database's "report once, at the line's end"
+        if text.endswith(tail) and not text.endswith("\\" + tail):
+            text = text[: -len(tail)]  # reported where the marker ends instead: inside the text
+            break
+    out: list[str] = []
+    i, n = 0, len(text)
+    in_class = False
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            out.append(text[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            if c == "[" and text.startswith("[:", i):  # a POSIX class such as [:alpha:] inside [...]
+                close = text.find(":]", i + 2)
+                if close >= 0:
+                    out.append(text[i:close + 2])
+                    i = close + 2
+                    continue
+            if c == "]":
+                in_class = False
+            out.append(c)
+            i += 1
+            continue
+        if c == "[":
+            in_class = True
+            out.append(c)
+            i += 1
+            if i < n and text[i] == "^":
+                out.append("^")
+                i += 1
+            if i < n and text[i] == "]":  # a `]` first in a class is a literal
+                out.append("]")
+                i += 1
+            continue
+        if c == "^":
+            out.append(_STRING_START)
+        elif c == "$" and not "".join(out[-6:]).endswith(_TO_LINE_END):
+            out.append(_STRING_END)
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out).encode("utf-8")

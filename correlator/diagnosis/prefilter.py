@@ -8,7 +8,8 @@ the matcher's patterns rewritten to see a JSON string's edges as line edges:
 
 - `^` also accepts the `"` that opens the string and a `\\n` escape (the next line of a multi-line record),
   `$` the `"` that closes the string, after any `\\n` escapes (a Fluent Bit `log` ends with one);
-  a `$` after `[^\n]*` is left alone: it already reaches the end of the value (`json_string_edges`).
+  a `$` after `[^\n]*` is left alone: it already reaches the end of the value (`json_string_edges`, in
+  `patterns.py` beside the matcher's other compile settings: the matcher compiles these expressions).
 
 That scan finds a superset of the values whose decoded text hits: a value it does not report cannot hit,
 and the values it reports are decoded and matched exactly, by the matcher's own databases. A value with
@@ -24,69 +25,13 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING
 
 import hyperscan
 import simdjson
 
+from correlator.diagnosis.matcher import Matcher
 from ingest.decoders import DecodeError
 from ingest.decoders.dispatch import TEXT_KEYS, decode_lines
-
-if TYPE_CHECKING:
-    from correlator.diagnosis.matcher import Matcher
-
-_STRING_START = '(?:^|"|\\\\n)'
-_STRING_END = '(?:$|(?:\\\\n)*")'
-_TO_LINE_END = ("[^\\n]*", "[^\n]*", ".*")  # a `$` after these matches at the value's end anyway
-
-
-def json_string_edges(pattern: bytes) -> bytes:
-    """`pattern` with each `^` / `$` outside a character class also accepting a JSON string's quote."""
-    text = pattern.decode("utf-8")
-    for tail in ("[^\\n]*$", "[^\n]*$"):  # the routine database's "report once, at the line's end"
-        if text.endswith(tail) and not text.endswith("\\" + tail):
-            text = text[: -len(tail)]  # reported where the marker ends instead: inside the text
-            break
-    out: list[str] = []
-    i, n = 0, len(text)
-    in_class = False
-    while i < n:
-        c = text[i]
-        if c == "\\":
-            out.append(text[i:i + 2])
-            i += 2
-            continue
-        if in_class:
-            if c == "[" and text.startswith("[:", i):  # a POSIX class such as [:alpha:] inside [...]
-                close = text.find(":]", i + 2)
-                if close >= 0:
-                    out.append(text[i:close + 2])
-                    i = close + 2
-                    continue
-            if c == "]":
-                in_class = False
-            out.append(c)
-            i += 1
-            continue
-        if c == "[":
-            in_class = True
-            out.append(c)
-            i += 1
-            if i < n and text[i] == "^":
-                out.append("^")
-                i += 1
-            if i < n and text[i] == "]":  # a `]` first in a class is a literal
-                out.append("]")
-                i += 1
-            continue
-        if c == "^":
-            out.append(_STRING_START)
-        elif c == "$" and not "".join(out[-6:]).endswith(_TO_LINE_END):
-            out.append(_STRING_END)
-        else:
-            out.append(c)
-        i += 1
-    return "".join(out).encode("utf-8")
 
 
 def one_line_json(value: bytes) -> bool:

@@ -12,7 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from correlator.diagnosis.prefilter import JsonScreen, json_string_edges, one_line_json
+from correlator.diagnosis.patterns import json_string_edges
+from correlator.diagnosis.prefilter import JsonScreen, one_line_json
 from correlator.diagnosis.rules import load_ruleset
 from correlator.diagnosis.signals import SignalExtractor
 from correlator.stream.agents.match import MatchProcessor, RawMessage, signal_to_bytes

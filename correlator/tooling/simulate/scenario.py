@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from correlator.tooling.simulate import stories_compute, stories_data  # noqa: F401  (register the stories)
 from correlator.tooling.simulate.job import Host, Process, lay_out_hosts
@@ -16,6 +16,8 @@ from correlator.tooling.simulate.lines import LogLine, Style, utc_datetime
 from correlator.tooling.simulate.story import STORIES, Mode, Outcome, Story
 from correlator.tooling.simulate.truth import SimulateError
 from correlator.tooling.simulate.upstream import Env, child_failed, init_options, pg_prefix, watchdog_lines
+
+T = TypeVar("T")
 
 _STEP_S = 1.2
 _API = "torch/distributed/elastic/multiprocessing/api.py"
@@ -86,7 +88,8 @@ class Scenario:
         self.numel = self.rng.choice([466119168, 160672064, 25690112, 1048576])
         self.step = 0
         self.attempt = 0
-        self.cache: dict[str, Any] = {}
+        self.cache: dict[str, object] = {}  # pick's choices, per key
+        self.late_xid_host = ""  # the red herrings' late Xid (options.herrings)
         # set by stories: the initiator's own collective (a mismatch), a desync report on rank 0
         self.odd_collective: tuple[str, int] | None = None
         self.desync_report = False
@@ -158,11 +161,11 @@ class Scenario:
             t += 0.000_05
         return t
 
-    def pick(self, key: str, options: Sequence[Any]) -> Any:
+    def pick(self, key: str, options: Sequence[T]) -> T:
         """One choice per job (every rank of an all-ranks failure tells the same variant)."""
         if key not in self.cache:
             self.cache[key] = options[random.Random(f"{self.job_id}:{key}").randrange(len(options))]
-        return self.cache[key]
+        return cast(T, self.cache[key])  # stored by this line, from options of the same key
 
     def jitter(self, scale: float = 0.08) -> float:
         return self.rng.uniform(0, scale)
@@ -527,7 +530,7 @@ class Scenario:
                                      "(Receiver ID)")
             self.kern(tk, host.name, f"nvidia 0000:{p.bus}:00.0:   device [10de:2330] error status/mask=00000001/0000e000")
             self.kern(tk, host.name, f"nvidia 0000:{p.bus}:00.0:    [ 0] RxErr                  (First)")
-        self.cache["late_xid_host"] = self.hosts[(self.initiator.host_index + 2) % len(self.hosts)].name
+        self.late_xid_host = self.hosts[(self.initiator.host_index + 2) % len(self.hosts)].name
         survivor = self.procs[(self.initiator_rank + 3 * len(host.procs) + 1) % self.world_size]
         return survivor.rank
 
@@ -561,7 +564,7 @@ class Scenario:
         if not self.options.herrings:
             return
         end = max(ln.t for ln in self.lines)
-        host = self.cache["late_xid_host"]
+        host = self.late_xid_host
         self.kern(end + 3600.0 + self.rng.uniform(0, 600), host,
                   "NVRM: Xid (PCI:0000:9a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from correlator.tooling.simulate.classes import DEMO_XID_TEXT
-from correlator.tooling.simulate.story import Outcome, story
+from correlator.tooling.simulate.story import Outcome, Stage, story
 from correlator.tooling.simulate.upstream import c10_frames, cuda_error, pg_prefix, step_frames, traceback
 
 if TYPE_CHECKING:
     from correlator.tooling.simulate.job import Process
-    from correlator.tooling.simulate.scenario import Scenario
 
 
 def _gib(x: float) -> str:
@@ -27,7 +26,7 @@ def _gib(x: float) -> str:
 
 
 @story("cuda_oom")
-def cuda_oom(sc: Scenario, t: float, p: Process) -> Outcome:
+def cuda_oom(sc: Stage, t: float, p: Process) -> Outcome:
     """A training step asks the caching allocator for more than the GPU has left."""
     env = sc.env
     want = sc.pick("oom_size", [2.0, 1.5, 3.91, 0.78])
@@ -59,7 +58,7 @@ def cuda_oom(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("cuda_illegal_memory_access")
-def illegal_memory_access(sc: Scenario, t: float, p: Process) -> Outcome:
+def illegal_memory_access(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     variant = sc.pick("ima", ["illegal_address", "watchdog", "device_assert"])
     if variant == "device_assert":
@@ -84,7 +83,7 @@ def illegal_memory_access(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("gpu_hardware_error", accepted=())
-def gpu_hardware_error(sc: Scenario, t: float, p: Process) -> Outcome:
+def gpu_hardware_error(sc: Stage, t: float, p: Process) -> Outcome:
     """The driver reports an Xid in the kernel log; the rank's next CUDA call fails."""
     env = sc.env
     if sc.demo:
@@ -114,7 +113,7 @@ def gpu_hardware_error(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("cuda_library_error")
-def cuda_library_error(sc: Scenario, t: float, p: Process) -> Outcome:
+def cuda_library_error(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     frames = step_frames(env) + [(env.lib("torch/nn/modules/linear.py"), 125, "forward",
                                   "return F.linear(input, self.weight, self.bias)")]
@@ -134,7 +133,7 @@ def cuda_library_error(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("shm_exhausted")
-def shm_exhausted(sc: Scenario, t: float, p: Process) -> Outcome:
+def shm_exhausted(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     if sc.pick("shm", ["dataloader", "dataloader", "nccl"]) == "nccl":
         # NCCL's shared-memory transport cannot size its segment in a container's 64 MB /dev/shm
@@ -169,7 +168,7 @@ def shm_exhausted(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("host_oom_kill")
-def host_oom_kill(sc: Scenario, t: float, p: Process) -> Outcome:
+def host_oom_kill(sc: Stage, t: float, p: Process) -> Outcome:
     """The kernel's OOM killer picks the rank (mm/oom_kill.c), the agent sees exit -9."""
     rss = sc.rng.randint(150_000_000, 190_000_000)
     cgroup = sc.pick("oom_scope", [False, True])
@@ -187,7 +186,7 @@ def host_oom_kill(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("process_crash_signal", accepted=())
-def process_crash_signal(sc: Scenario, t: float, p: Process) -> Outcome:
+def process_crash_signal(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     if sc.pick("crash", ["faulthandler", "glog"]) == "glog":
         head = f"*** SIGSEGV (@0x0) received by PID {p.pid} (TID 0x7f2c8a7fc740) from PID 0; stack trace: ***"
@@ -206,7 +205,7 @@ def process_crash_signal(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("python_exception")
-def python_exception(sc: Scenario, t: float, p: Process) -> Outcome:
+def python_exception(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     bug = sc.pick("bug", [
         ("collate", "KeyError: 'attention_mask'", "batch['attention_mask'] = batch['attention_mask'].bool()"),
@@ -225,17 +224,17 @@ def python_exception(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("nccl_timeout", "victims")
-def nccl_timeout(sc: Scenario, t: float, p: Process) -> Outcome:
+def nccl_timeout(sc: Stage, t: float, p: Process) -> Outcome:
     raise AssertionError("played by Scenario.victims")
 
 
 @story("launcher_teardown", "victims")
-def launcher_teardown(sc: Scenario, t: float, p: Process) -> Outcome:
+def launcher_teardown(sc: Stage, t: float, p: Process) -> Outcome:
     raise AssertionError("played by Scenario.victims")
 
 
 @story("nccl_error")
-def nccl_error(sc: Scenario, t: float, p: Process) -> Outcome:
+def nccl_error(sc: Stage, t: float, p: Process) -> Outcome:
     """The rank's NCCL cannot register its buffers with the HCA (memlock limit): a system error of its own."""
     env = sc.env
     first = "NET/IB : Call to ibv_reg_mr_iova2 failed with error Cannot allocate memory"
@@ -254,7 +253,7 @@ def nccl_error(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("rendezvous_failure", "launch")
-def rendezvous_failure(sc: Scenario, t: float, p: Process) -> Outcome:
+def rendezvous_failure(sc: Stage, t: float, p: Process) -> Outcome:
     """torchrun on the master host cannot bind its TCPStore port (a previous run still holds it); the
     agents of the other hosts wait for it and time out."""
     host = sc.hosts[0]
@@ -284,7 +283,7 @@ def rendezvous_failure(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("collective_mismatch", "mismatch")
-def collective_mismatch(sc: Scenario, t: float, p: Process) -> Outcome:
+def collective_mismatch(sc: Stage, t: float, p: Process) -> Outcome:
     """One rank takes another code path and issues a different collective at the same SeqNum (or the same
     one with another element count); everyone waits and the watchdogs report what each rank issued."""
     if sc.pick("mismatch", ["op", "numel"]) == "op" or sc.op != "ALLREDUCE":
@@ -299,7 +298,7 @@ def collective_mismatch(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("straggler_hang", "hang")
-def straggler_hang(sc: Scenario, t: float, p: Process) -> Outcome:
+def straggler_hang(sc: Stage, t: float, p: Process) -> Outcome:
     """The rank stops (stuck in its data pipeline or a kernel) and prints nothing; the others wait in the
     next collective. With TORCH_NCCL_DESYNC_DEBUG=1 rank 0's watchdog adds the desync report."""
     if sc.env.torch >= (2, 3) and sc.pick("desync", [False, True]):
@@ -310,7 +309,7 @@ def straggler_hang(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("launch_config_error", "launch_all")
-def launch_config_error(sc: Scenario, t: float, p: Process) -> Outcome:
+def launch_config_error(sc: Stage, t: float, p: Process) -> Outcome:
     """Megatron-LM's validate_args refuses the parallel layout before anything starts (every rank)."""
     tp, pp = sc.pick("layout", [(8, 3), (6, 1), (8, 5)])
     if sc.pick("megatron", ["new", "old"]) == "new":
@@ -330,7 +329,7 @@ def launch_config_error(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("network_fabric_error")
-def network_fabric_error(sc: Scenario, t: float, p: Process) -> Outcome:
+def network_fabric_error(sc: Stage, t: float, p: Process) -> Outcome:
     """The rank's InfiniBand QP gives up (retry count exceeded); its ring peer sees its QP flushed."""
     env = sc.env
     peer = sc.procs[(p.rank + len(sc.hosts[0].procs)) % sc.world_size]
@@ -358,7 +357,7 @@ def network_fabric_error(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("loss_nan")
-def loss_nan(sc: Scenario, t: float, p: Process) -> Outcome:
+def loss_nan(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     if sc.pick("nan", ["megatron", "anomaly"]) == "megatron":
         exc = (f"RuntimeError: Rank {p.rank}: found NaN in local grad norm for bucket #0 in backward pass before "
@@ -379,7 +378,7 @@ def loss_nan(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("sdc_grad_norm_spike", "continue")
-def sdc_grad_norm_spike(sc: Scenario, t: float, p: Process) -> Outcome:
+def sdc_grad_norm_spike(sc: Stage, t: float, p: Process) -> Outcome:
     """Megatron's rerun state machine rejects the rank's gradients (check_for_large_grads)."""
     value = sc.rng.uniform(4e4, 9e4)
     text = (f"Unexpected result {value:.4e} on rank {p.rank} at iteration #{sc.step + 1} invocation #1 (message='found "
@@ -389,7 +388,7 @@ def sdc_grad_norm_spike(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("sdc_parameter_drift", "continue")
-def sdc_parameter_drift(sc: Scenario, t: float, p: Process) -> Outcome:
+def sdc_parameter_drift(sc: Stage, t: float, p: Process) -> Outcome:
     """check_param_hashes_across_dp_replicas: the rank's weights differ from its data-parallel replicas."""
     names = ["module.decoder.layers.11.self_attention.linear_qkv.weight", "module.decoder.layers.11.mlp.linear_fc1.weight"]
     first = ""
@@ -401,7 +400,7 @@ def sdc_parameter_drift(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("sdc_gemm_mismatch", "continue")
-def sdc_gemm_mismatch(sc: Scenario, t: float, p: Process) -> Outcome:
+def sdc_gemm_mismatch(sc: Stage, t: float, p: Process) -> Outcome:
     """Megatron reruns the step on the same GPU and gets another loss: a transient fault of that GPU."""
     it = sc.step + 1
     a, b = sc.rng.uniform(2.0, 2.6), sc.rng.uniform(2.0, 2.6)
@@ -413,7 +412,7 @@ def sdc_gemm_mismatch(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("nccl_reduce_scatter_sdc", "continue")
-def nccl_reduce_scatter_sdc(sc: Scenario, t: float, p: Process) -> Outcome:
+def nccl_reduce_scatter_sdc(sc: Stage, t: float, p: Process) -> Outcome:
     """The job's pre-flight nccl-tests run (reduce_scatter_perf -c 1): one GPU's output is wrong."""
     wrong = sc.rng.choice([512, 1024, 4096])
     text = f"rank={p.rank} #wrong={wrong}"
@@ -431,7 +430,7 @@ def nccl_reduce_scatter_sdc(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("inference_engine_failure", "serve")
-def inference_engine_failure(sc: Scenario, t: float, p: Process) -> Outcome:
+def inference_engine_failure(sc: Stage, t: float, p: Process) -> Outcome:
     """vLLM (v1, multiproc executor across the hosts): one worker raises or dies; the executor shuts the
     engine down and the API server's requests fail with EngineDeadError."""
     head = sc.hosts[0].name

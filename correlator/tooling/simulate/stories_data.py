@@ -11,17 +11,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from correlator.tooling.simulate.story import Outcome, story
+from correlator.tooling.simulate.story import Outcome, Stage, story
 from correlator.tooling.simulate.upstream import Env, Frame, load_frames, traceback
 
 if TYPE_CHECKING:
     from correlator.tooling.simulate.job import Process
-    from correlator.tooling.simulate.scenario import Scenario
 
 _BUCKET = ["s3://datasets-prod/tokenized/fineweb-edu", "s3://ml-team/corpora/redpajama-v2"]
 
 
-def _worker_reraise(sc: Scenario, t: float, p: Process, worker_frames: list[Frame], exc: list[str],
+def _worker_reraise(sc: Stage, t: float, p: Process, worker_frames: list[Frame], exc: list[str],
                     wrapper: str | None = None) -> float:
     """An exception inside a DataLoader worker, re-raised in the main process (ExceptionWrapper.reraise):
     'X: Caught X in DataLoader worker process N.' then the worker's 'Original Traceback'."""
@@ -49,7 +48,7 @@ def _worker_reraise(sc: Scenario, t: float, p: Process, worker_frames: list[Fram
 
 
 @story("streaming_data_error")
-def streaming_data_error(sc: Scenario, t: float, p: Process) -> Outcome:
+def streaming_data_error(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     bucket = sc.pick("bucket", _BUCKET)
     shard = f"{bucket}/train-{sc.rng.randint(100, 999):05d}.bin"
@@ -72,7 +71,7 @@ def streaming_data_error(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("s3_slowdown")
-def s3_slowdown(sc: Scenario, t: float, p: Process) -> Outcome:
+def s3_slowdown(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     frames: list[Frame] = [(env.script, 121, "_read_shard", "obj = self.s3.get_object(Bucket=bucket, Key=key)"),
                            (env.lib("botocore/client.py"), 569, "_api_call", "return self._make_api_call(operation_name, kwargs)"),
@@ -84,7 +83,7 @@ def s3_slowdown(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("gcs_auth_expired")
-def gcs_auth_expired(sc: Scenario, t: float, p: Process) -> Outcome:
+def gcs_auth_expired(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     if sc.pick("cloud", ["gcs", "aws"]) == "gcs":
         frames: list[Frame] = [(env.lib("gcsfs/core.py"), 1090, "_cat_file", "headers, out = await self._call(\"GET\", u2, headers=head)"),
@@ -105,7 +104,7 @@ def gcs_auth_expired(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("webdataset_tar_error")
-def webdataset_tar_error(sc: Scenario, t: float, p: Process) -> Outcome:
+def webdataset_tar_error(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     url = f"pipe:aws s3 cp {sc.pick('bucket', _BUCKET)}/wds/shard-{sc.rng.randint(0, 4095):06d}.tar -"
     frames: list[Frame] = [(env.lib("webdataset/tariterators.py"), 177, "tar_file_expander",
@@ -119,7 +118,7 @@ def webdataset_tar_error(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("dataloader_worker_killed")
-def dataloader_worker_killed(sc: Scenario, t: float, p: Process) -> Outcome:
+def dataloader_worker_killed(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     worker = p.pid + 101
     dl = env.lib("torch/utils/data/dataloader.py")
@@ -137,7 +136,7 @@ def dataloader_worker_killed(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("dataset_license_issue", "all")
-def dataset_license_issue(sc: Scenario, t: float, p: Process) -> Outcome:
+def dataset_license_issue(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     repo = sc.pick("gated", ["meta-llama/Llama-3.1-8B-evals", "bigcode/the-stack-v2-dedup"])
     frames: list[Frame] = [(env.script, 540, "main", f"ds = load_dataset(\"{repo}\", split=\"train\", streaming=True)"),
@@ -156,7 +155,7 @@ def dataset_license_issue(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("pii_leakage", "continue")
-def pii_leakage(sc: Scenario, t: float, p: Process) -> Outcome:
+def pii_leakage(sc: Stage, t: float, p: Process) -> Outcome:
     """The site's presidio-based filter in the data pipeline finds personal data in a shard and drops it."""
     shard = f"{sc.pick('bucket', _BUCKET)}/web/shard-{sc.rng.randint(0, 999):05d}.jsonl.zst"
     text = (f"PII entities detected: 3 (EMAIL_ADDRESS=2, PHONE_NUMBER=1) in sample {sc.rng.randint(1000, 99999)} of "
@@ -168,7 +167,7 @@ def pii_leakage(sc: Scenario, t: float, p: Process) -> Outcome:
 # --- checkpoints: loading -------------------------------------------------------------------------------
 
 
-def _ckpt(sc: Scenario) -> str:
+def _ckpt(sc: Stage) -> str:
     return sc.pick("ckpt", ["/checkpoints/run-17/step_4000.pt", "/mnt/ckpt/llama-8b/iter_0012000/model.pt"])
 
 
@@ -184,7 +183,7 @@ def _record_frames(env: Env) -> list[Frame]:
             (s, 1555, "load_tensor", "zip_file.get_storage_from_record(name, numel, torch.UntypedStorage)")]
 
 
-def _load_error(sc: Scenario, t: float, p: Process, exc: list[str], kind: str, *, frames: list[Frame] | None = None,
+def _load_error(sc: Stage, t: float, p: Process, exc: list[str], kind: str, *, frames: list[Frame] | None = None,
                 chained: list[str] | None = None) -> Outcome:
     frames = frames if frames is not None else load_frames(sc.env, _ckpt(sc))
     sc.rank(t, p, traceback(frames, exc, chained_from=chained))
@@ -192,7 +191,7 @@ def _load_error(sc: Scenario, t: float, p: Process, exc: list[str], kind: str, *
 
 
 @story("checkpoint_corruption", "all")
-def checkpoint_corruption(sc: Scenario, t: float, p: Process) -> Outcome:
+def checkpoint_corruption(sc: Stage, t: float, p: Process) -> Outcome:
     record = sc.pick("record", [1373, 57, 912])
     why = sc.pick("corrupt", ["invalid header or archive is corrupted", "CRC-32 check failed"])
     exc = [f"RuntimeError: PytorchStreamReader failed reading file data/{record}: {why}"]
@@ -200,25 +199,25 @@ def checkpoint_corruption(sc: Scenario, t: float, p: Process) -> Outcome:
                        frames=load_frames(sc.env, _ckpt(sc))[:3] + _record_frames(sc.env))
 
 
-def _central_directory(sc: Scenario, t: float, p: Process, kind: str) -> Outcome:
+def _central_directory(sc: Stage, t: float, p: Process, kind: str) -> Outcome:
     exc = ["RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory"]
     return _load_error(sc, t, p, exc, kind, frames=load_frames(sc.env, _ckpt(sc)) + _zip_reader_frames(sc.env))
 
 
 @story("checkpoint_torn_write", "all", before="preempted")
-def checkpoint_torn_write(sc: Scenario, t: float, p: Process) -> Outcome:
+def checkpoint_torn_write(sc: Stage, t: float, p: Process) -> Outcome:
     """The requeued job resumes from the checkpoint the preemption interrupted: its zip has no central directory."""
     return _central_directory(sc, t, p, "resume after a preemption mid-save")
 
 
 @story("partial_checkpoint_save", "all", accepted=("disk_full",), before="disk_full")
-def partial_checkpoint_save(sc: Scenario, t: float, p: Process) -> Outcome:
+def partial_checkpoint_save(sc: Stage, t: float, p: Process) -> Outcome:
     """Attempt 0 died saving on a full disk; the restarted workers load the truncated file it left."""
     return _central_directory(sc, t, p, "resume from the save that hit ENOSPC")
 
 
 @story("unpickling_truncated", "all")
-def unpickling_truncated(sc: Scenario, t: float, p: Process) -> Outcome:
+def unpickling_truncated(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     s = env.lib("torch/serialization.py")
     frames = load_frames(env, _ckpt(sc))[:3] + [(s, 1040, "load", "return _legacy_load("),
@@ -228,7 +227,7 @@ def unpickling_truncated(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("torch_load_failed", "all")
-def torch_load_failed(sc: Scenario, t: float, p: Process) -> Outcome:
+def torch_load_failed(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     variant = sc.pick("load", ["lfs", "record", "device"])
     if variant == "lfs":
@@ -252,7 +251,7 @@ def torch_load_failed(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("weights_only_unpickling_error", "all")
-def weights_only_unpickling_error(sc: Scenario, t: float, p: Process) -> Outcome:
+def weights_only_unpickling_error(sc: Stage, t: float, p: Process) -> Outcome:
     exc = ["_pickle.UnpicklingError: Weights only load failed. This file can still be loaded, to do so you have two "
            "options, \x1b[1mdo those steps only if you trust the source of the checkpoint\x1b[0m. ",
            "\t(1) In PyTorch 2.6, we changed the default value of the `weights_only` argument in `torch.load` from `False` "
@@ -270,7 +269,7 @@ def weights_only_unpickling_error(sc: Scenario, t: float, p: Process) -> Outcome
 
 
 @story("checkpoint_version_incompatible", "all")
-def checkpoint_version_incompatible(sc: Scenario, t: float, p: Process) -> Outcome:
+def checkpoint_version_incompatible(sc: Stage, t: float, p: Process) -> Outcome:
     if sc.pick("version", ["format", "numpy"]) == "format":
         exc = ["RuntimeError: Attempted to read a PyTorch file with version 10, but the maximum supported version for "
                "reading is 9. Your PyTorch installation may be too old."]
@@ -284,7 +283,7 @@ def checkpoint_version_incompatible(sc: Scenario, t: float, p: Process) -> Outco
 
 
 @story("safetensors_load_error", "all")
-def safetensors_load_error(sc: Scenario, t: float, p: Process) -> Outcome:
+def safetensors_load_error(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     mu = env.lib("transformers/modeling_utils.py")
     frames: list[Frame] = [(env.script, 540, "main", "model = AutoModelForCausalLM.from_pretrained(args.model)"),
@@ -296,7 +295,7 @@ def safetensors_load_error(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("model_state_dict_mismatch", "all")
-def model_state_dict_mismatch(sc: Scenario, t: float, p: Process) -> Outcome:
+def model_state_dict_mismatch(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     frames = load_frames(env, _ckpt(sc))[:2] + [
         (env.script, 214, "load_checkpoint", "model.load_state_dict(ckpt[\"model\"])"),
@@ -310,7 +309,7 @@ def model_state_dict_mismatch(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("optimizer_state_dict_mismatch", "all")
-def optimizer_state_dict_mismatch(sc: Scenario, t: float, p: Process) -> Outcome:
+def optimizer_state_dict_mismatch(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     frames = load_frames(env, _ckpt(sc))[:2] + [
         (env.script, 216, "load_checkpoint", "optimizer.load_state_dict(ckpt[\"optimizer\"])"),
@@ -320,7 +319,7 @@ def optimizer_state_dict_mismatch(sc: Scenario, t: float, p: Process) -> Outcome
 
 
 @story("optimizer_state_resize_failure", "all")
-def optimizer_state_resize_failure(sc: Scenario, t: float, p: Process) -> Outcome:
+def optimizer_state_resize_failure(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     if sc.pick("resize", ["zero", "megatron"]) == "zero":
         frames: list[Frame] = [(env.script, 540, "main", "_, client_state = engine.load_checkpoint(args.ckpt_dir)"),
@@ -341,7 +340,7 @@ def optimizer_state_resize_failure(sc: Scenario, t: float, p: Process) -> Outcom
 
 
 @story("deepspeed_universal_checkpoint_sort", "all")
-def deepspeed_universal_checkpoint_sort(sc: Scenario, t: float, p: Process) -> Outcome:
+def deepspeed_universal_checkpoint_sort(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     t = sc.ds(t, p, "I", "engine.py:3010:load_checkpoint", "Loading universal checkpoint from /ckpt/global_step1000_universal")
     param = "module.decoder.layers.3.mlp.linear_fc2.weight"
@@ -358,7 +357,7 @@ def deepspeed_universal_checkpoint_sort(sc: Scenario, t: float, p: Process) -> O
 
 
 @story("disk_full")
-def disk_full(sc: Scenario, t: float, p: Process) -> Outcome:
+def disk_full(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     step = sc.pick("save_step", [4000, 12000, 2500])
     if sc.pick("full", ["enospc", "quota"]) == "quota":
@@ -380,7 +379,7 @@ def disk_full(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("torch_save_failed")
-def torch_save_failed(sc: Scenario, t: float, p: Process) -> Outcome:
+def torch_save_failed(sc: Stage, t: float, p: Process) -> Outcome:
     """A sharded save: each rank writes its own shard; this rank's node lacks the shared mount."""
     env = sc.env
     folder = f"/checkpoints/run-17/step_{sc.pick('save_step', [4000, 12000])}"
@@ -397,7 +396,7 @@ def torch_save_failed(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("deepspeed_checkpoint_hang")
-def deepspeed_checkpoint_hang(sc: Scenario, t: float, p: Process) -> Outcome:
+def deepspeed_checkpoint_hang(sc: Stage, t: float, p: Process) -> Outcome:
     """DeepSpeed's decoupled checkpoint engine: the background writer never commits; after its 300 s
     timeout the rank gives up."""
     env = sc.env
@@ -415,7 +414,7 @@ def deepspeed_checkpoint_hang(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("deepspeed_fd_leak_enospc")
-def deepspeed_fd_leak_enospc(sc: Scenario, t: float, p: Process) -> Outcome:
+def deepspeed_fd_leak_enospc(sc: Stage, t: float, p: Process) -> Outcome:
     """FastFileWriter leaks a descriptor per file; at the Nth checkpoint open() fails."""
     env = sc.env
     path = f"/local_nvme/ckpt/global_step{sc.pick('save_step', [3600, 7200])}/layer_17-model_00-model_states.pt"
@@ -430,7 +429,7 @@ def deepspeed_fd_leak_enospc(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("deepspeed_sigbus_after_load", accepted=("shm_exhausted",))
-def deepspeed_sigbus_after_load(sc: Scenario, t: float, p: Process) -> Outcome:
+def deepspeed_sigbus_after_load(sc: Stage, t: float, p: Process) -> Outcome:
     """Every rank loads its ZeRO partitions (memory-mapped); the rank whose mapped file shrank gets SIGBUS."""
     n = sc.world_size
     for q in sc.procs:
@@ -444,7 +443,7 @@ def deepspeed_sigbus_after_load(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("distcheckpoint_async_timeout")
-def distcheckpoint_async_timeout(sc: Scenario, t: float, p: Process) -> Outcome:
+def distcheckpoint_async_timeout(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     if sc.pick("async", ["dcp", "megatron"]) == "megatron":
         text = "Local worker 3 encountered an error: [Errno 5] Input/output error"
@@ -465,7 +464,7 @@ def distcheckpoint_async_timeout(sc: Scenario, t: float, p: Process) -> Outcome:
 
 
 @story("tensorrt_llm_weight_mapper", "serve_all")
-def tensorrt_llm_weight_mapper(sc: Scenario, t: float, p: Process) -> Outcome:
+def tensorrt_llm_weight_mapper(sc: Stage, t: float, p: Process) -> Outcome:
     """trtllm-serve on an FP8 checkpoint whose scale tensors the weight mapper does not find (every MPI rank)."""
     key = sc.pick("trt_key", ["model.layers.0.self_attn.qkv_proj.weight_scale", "model.layers.0.mlp.gate_up_proj.input_scale"])
     text = f"Failed to initialize executor on rank {p.rank}: '{key}'"
