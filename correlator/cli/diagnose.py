@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from correlator.cli.rules import load_ruleset_or_report
+from correlator.diagnosis.models import SEVERITIES, SEVERITY_RANK
 
-SEVERITIES = ("info", "low", "medium", "high", "critical")
 
 EXIT_CODES = """\b
 Exit codes (the same for every --format):
@@ -120,8 +120,8 @@ def diagnose(paths: tuple[str, ...], output_format: str, output: str | None, fai
         print(f"rootrank diagnose: -o {output}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if fail_on is not None:
-        floor = SEVERITIES.index(fail_on)
-        if any(SEVERITIES.index(i.severity) >= floor for i in failed):
+        floor = SEVERITY_RANK[fail_on]
+        if any(SEVERITY_RANK[i.severity] >= floor for i in failed):
             return 1
     return 0
 

@@ -9,6 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Role = Literal["cause", "collateral", "either"]
 Severity = Literal["critical", "high", "medium", "low", "info"]
+SEVERITIES: tuple[Severity, ...] = ("info", "low", "medium", "high", "critical")  # the least severe first
+# The one order of severities: the engine (what explains, what is a warning, which incident comes first,
+# which cause the state keeps at its bound), the webhooks' minimum severity and `diagnose --fail-on`.
+SEVERITY_RANK: dict[str, int] = {severity: rank for rank, severity in enumerate(SEVERITIES)}
 
 MAX_EVIDENCE_LINE = 2_000
 

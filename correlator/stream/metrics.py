@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
+from correlator.diagnosis.models import SEVERITIES
 from correlator.stream.compat import faust_consumer_connected, faust_read_offset
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class BoundedLabel:
 # operator's alert on `rootrank_signals_total{rule_id="cuda_oom_alloc"}` always finds its series.
 RULE_IDS = BoundedLabel(cap=1024)
 CLASSES = BoundedLabel(cap=512)
-SEVERITIES = BoundedLabel({"info", "low", "medium", "high", "critical"}, cap=8)
+SEVERITY_LABELS = BoundedLabel(set(SEVERITIES), cap=8)
 REASONS = BoundedLabel(cap=64)
 
 # --- the worker ----------------------------------------------------------------------------------
@@ -133,7 +134,7 @@ def count_dead_letters(stage: str, letters: Iterable[dict[str, Any]]) -> None:
 def count_incident(incident: Any) -> None:
     """One count per incident: its first revision; later revisions count apart."""
     if getattr(incident, "revision", 1) <= 1:
-        INCIDENTS.labels(CLASSES(incident.class_), SEVERITIES(incident.severity)).inc()
+        INCIDENTS.labels(CLASSES(incident.class_), SEVERITY_LABELS(incident.severity)).inc()
     else:
         INCIDENT_REVISIONS.inc()
 

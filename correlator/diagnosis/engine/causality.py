@@ -13,11 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from correlator.diagnosis.engine.state import Aggregate, has_own_time
-from correlator.diagnosis.models import Signal
+from correlator.diagnosis.models import SEVERITY_RANK, Signal
 from correlator.diagnosis.rules import TIER_BOUNDARIES, Rule
 
 TEARDOWN_MARGIN_S = 900.0  # after a collective times out: the abort, the launcher's teardown, the exits
-_SEVERITY = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 
 
 @dataclass(eq=False)
@@ -75,7 +74,7 @@ class Causality:
         if node.signal.kind != "match":
             return False
         rule = self.rules.get(node.signal.rule_id)
-        return rule is not None and bool(rule.explains) and _SEVERITY.get(rule.severity, 2) > 0
+        return rule is not None and bool(rule.explains) and SEVERITY_RANK.get(rule.severity, 2) > 0
 
     def horizon(self, cause: Node) -> float:
         rule = self.rules.get(cause.signal.rule_id)

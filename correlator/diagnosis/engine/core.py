@@ -31,10 +31,9 @@ from correlator.diagnosis.engine.progress import Suspect, hang_suspect, inferred
 from correlator.diagnosis.engine.special import resolve_special, same_process
 from correlator.diagnosis.engine.state import GroupProgress, JobState, process_key, sort_key, time_of
 from correlator.diagnosis.engine.timeline import Clock, Timeline, build_timeline, estimate_clock
-from correlator.diagnosis.models import Incident, Signal
+from correlator.diagnosis.models import SEVERITY_RANK, Incident, Signal
 from correlator.diagnosis.rules import GENERIC_CLASSES, Rule, RuleSet
 
-_SEVERITY_RANK = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 SAME_PROCESS_RECOVERY_S = 1.0  # a progress line this long after a failure, from the same process
 ANONYMOUS_RECOVERY_S = 60.0  # the same, when neither line names its process (other ranks' steps in flight)
 TRACEBACK_S = 60.0  # lines of one traceback on one process
@@ -154,7 +153,7 @@ class Engine:
     ) -> list[Incident]:
         matches = [s for s in resolve_special(self.rules, window, timeline, now_t, earlier) if s.class_]
         nodes = [Node(s, timeline.t(s), attempt) for s in matches] + list(aggregates)
-        if not nodes or max(_SEVERITY_RANK.get(n.signal.severity, 2) for n in nodes) == 0:
+        if not nodes or max(SEVERITY_RANK.get(n.signal.severity, 2) for n in nodes) == 0:
             return []
         groups = {k.split(":", 1)[1]: g for k, g in state.groups.items() if k.split(":", 1)[0] == str(attempt)}
         causality = Causality(self.rules, self.roles, self._timeout_s(groups), _tolerance(timeline.clock))
@@ -180,7 +179,7 @@ class Engine:
             signal, note = named_by_reports(corroborated(primary.signal, matches), reports)
             choice = Choice(primary=primary, signal=signal, identity_note=note)
             incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
-        elif live and any(_SEVERITY_RANK.get(n.signal.severity, 2) > 1 for n in live):
+        elif live and any(SEVERITY_RANK.get(n.signal.severity, 2) > 1 for n in live):
             choice = self._victim_choice(live, explained, causality, groups, state.world_size, reports)
             incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
         incidents.extend(self._recovered_incidents(state, attempt, nodes, recovered, causality, timeline))
@@ -335,6 +334,6 @@ def _primary_order(incident: Incident) -> tuple[int, int, int, int, float]:
         1 if incident.recovered else 0,
         -incident.attempt,
         -cascade,
-        -_SEVERITY_RANK[incident.severity],
+        -SEVERITY_RANK[incident.severity],
         -incident.confidence,
     )

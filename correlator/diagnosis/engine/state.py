@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from correlator.diagnosis.engine.rankset import RankSet
-from correlator.diagnosis.models import Signal
+from correlator.diagnosis.models import SEVERITY_RANK, Signal
 from correlator.diagnosis.signals import DEFAULT_GROUPS, TIME_BORROWED
 
 MAX_SIGNALS = 512  # individual signals (causes, markers, metric peaks) per job
@@ -375,9 +375,9 @@ class JobState(BaseModel):
         if len(positions) == 1 and self.signals[positions[0]].role == "cause":
             weakest = min(
                 (i for i, s in enumerate(self.signals) if s.kind == "match"),
-                key=lambda i: (_SEVERITY[self.signals[i].severity], -sort_key(self.signals[i])[0]),
+                key=lambda i: (SEVERITY_RANK[self.signals[i].severity], -sort_key(self.signals[i])[0]),
             )
-            if _SEVERITY[self.signals[weakest].severity] >= _SEVERITY[incoming.severity]:
+            if SEVERITY_RANK[self.signals[weakest].severity] >= SEVERITY_RANK[incoming.severity]:
                 return False
             self._drop(self.signals[weakest])
             del self.signals[weakest]
@@ -679,8 +679,6 @@ class JobState(BaseModel):
         elif len(hosts) < MAX_HOSTS_PER_ANCHOR:
             hosts[host] = t
 
-
-_SEVERITY = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 
 
 def normalize_bus_id(bus: str) -> str:

@@ -7,14 +7,12 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Literal
 
-from correlator.diagnosis.models import Incident, Severity
+from correlator.diagnosis.models import SEVERITY_RANK, Incident, Severity
 
 Transition = Literal["opened", "revised", "closed"]
 
 # Labels a job may use to name its own webhook (rootrank.webhook, rootrank.webhook.kind).
 PRIVATE_LABEL_PREFIX = "rootrank.webhook"
-
-SEVERITY_RANK: dict[str, int] = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 
 
 def severity_at_least(severity: Severity | str, minimum: Severity | str | None) -> bool:
