@@ -9,6 +9,7 @@ from itertools import pairwise
 
 from correlator.diagnosis.matcher import FREQUENT_CAP, Hit, Matcher
 from correlator.diagnosis.models import MAX_EVIDENCE_LINE, Signal
+from correlator.diagnosis.routine_fold import Peak, fold_peaks
 from correlator.diagnosis.rules import GENERIC_CLASSES, Rule, RuleSet
 from ingest.event import LogEvent
 
@@ -221,7 +222,7 @@ class SignalExtractor:
         progress lines are found by scanning their tails (`Matcher.scan_routine`). `known`: line ranges
         whose texts the caller has joined already (each is "\n".join(texts[lo:hi]), no text holding "\n").
         """
-        routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]] = {}
+        routine: dict[tuple[int, str, Hashable], Peak] = {}  # (rule, role, stream) -> its peak: `fold_peaks`
         capped = not runs  # lines that come with their streams' runs get every progress line looked at
         runs = [run for run in runs if run[1] - run[0] >= MIN_RUN_LINES]
         encoded = _encode_lines(texts, runs, known)
@@ -236,27 +237,24 @@ class SignalExtractor:
                                                runs, capped=capped))
             indexed.sort(key=lambda pair: (pair[0], pair[1].rule_index))
         out: list[Signal] = []
+        keys: list[tuple[int, str, Hashable]] = []
+        values: list[float] = []
+        lines: list[int] = []
         for index, hit in best_hits_per_line(indexed, self.rules):
             if not self.is_routine(hit):
                 out.append(self.signal_for(event_at(index), hit, order_of(index), raw=texts[index]))
                 continue
-            self._keep_routine(routine, (hit.rule_index, hit.role, stream_of(index)), index, hit, texts[index])
-        for _value, index, hit, low in sorted(routine.values(), key=lambda kept: kept[1]):  # in line order
-            signal = self.signal_for(event_at(index), hit, order_of(index), raw=texts[index])
+            keys.append((hit.rule_index, hit.role, stream_of(index)))
+            values.append(self.metric_value(hit, texts[index]) if hit.role == "main" else float(index))
+            lines.append(index)
+        fold_peaks(routine, keys, values, lines)
+        for (rule_index, role, _stream), (_value, at, low) in sorted(routine.items(), key=lambda kv: kv[1][1]):
+            index = int(at)  # in line order
+            signal = self.signal_for(event_at(index), Hit(0, 0, rule_index, role), order_of(index), raw=texts[index])
             if "metric" in signal.fields:
                 signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
             out.append(signal)
         return out
-
-    def _keep_routine(self, routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]],
-                      key: tuple[int, str, Hashable], index: int, hit: Hit, text: str) -> None:
-        value = self.metric_value(hit, text) if hit.role == "main" else float(index)
-        current = routine.get(key)
-        low = value if current is None else min(current[3], value)
-        if current is None or value >= current[0]:
-            routine[key] = (value, index, hit, low)
-        else:
-            routine[key] = (current[0], current[1], current[2], low)
 
     def _routine_plan(self, members: tuple[int, ...]) -> tuple[list[Hit], list[Hit]]:
         """What a line with these routine expressions gives, as `best_hits_per_line` would keep it: (every
@@ -287,7 +285,7 @@ class SignalExtractor:
 
     def _routine_lines(self, buf: bytes, routine_raw: Sequence[tuple[int, int]], hard_lines: set[int],
                        texts: Sequence[str], stream_of: Callable[[int], Hashable],
-                       routine: dict[tuple[int, str, Hashable], tuple[float, int, Hit, float]],
+                       routine: dict[tuple[int, str, Hashable], Peak],
                        runs: Sequence[tuple[int, int]] = (), *, capped: bool = True) -> list[tuple[int, Hit]]:
         """Fold the routine hits of lines no other rule hit into `routine`, as `best_hits_per_line` and the
         loop of `from_texts` would: per line, one metric hit (the best rule) and every progress marker.
@@ -296,6 +294,9 @@ class SignalExtractor:
         matcher = self.matcher
         base, expand = matcher.routine_base, matcher.routine_expand
         passed: list[tuple[int, Hit]] = []
+        keys: list[tuple[int, str, Hashable]] = []  # the routine lines' observations, folded at the end
+        values: list[float] = []
+        lines: list[int] = []
         run_at = 0
         run_key: Hashable = None
         run_keyed = -1
@@ -317,18 +318,9 @@ class SignalExtractor:
                 return
             stream = stream_at(at)
             for hit in kept:
-                if hit.role == "main":
-                    value = self._metric_of_line(hit.rule_index, texts[at])
-                else:
-                    value = float(at)
-                key = (hit.rule_index, hit.role, stream)
-                current = routine.get(key)
-                if current is None:
-                    routine[key] = (value, at, hit, value)
-                elif value >= current[0]:
-                    routine[key] = (value, at, hit, min(current[3], value))
-                elif value < current[3]:
-                    routine[key] = (current[0], current[1], current[2], value)
+                keys.append((hit.rule_index, hit.role, stream))
+                values.append(self._metric_of_line(hit.rule_index, texts[at]) if hit.role == "main" else float(at))
+                lines.append(at)
 
         # Capped, as Matcher.scan_buffer: of a progress marker only the latest FREQUENT_CAP hits per buffer
         # count (a buffer of one-line messages can hold a step line of every rank). Lines that came with
@@ -361,6 +353,7 @@ class SignalExtractor:
             members = expand[rid - base] if not members else members + expand[rid - base]
         if line is not None:
             fold(line, members)
+        fold_peaks(routine, keys, values, lines)
         return passed
 
     def _metric_of_line(self, rule_index: int, text: str) -> float:

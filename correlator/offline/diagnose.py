@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import gc
 import io
-import math
 import mmap
 import os
 import sys
@@ -26,6 +25,7 @@ from correlator.diagnosis.engine import Engine, JobState
 from correlator.diagnosis.engine.state import sort_key
 from correlator.diagnosis.matcher import Buffer, Hit, Matcher
 from correlator.diagnosis.models import Incident, Signal
+from correlator.diagnosis.routine_fold import merge_metric_signals, metric_of
 from correlator.diagnosis.rules import RuleSet, load_ruleset
 from correlator.diagnosis.signals import SignalExtractor, best_hits_per_line
 from correlator.offline.routine import RoutineAggregate, RoutineAggregator
@@ -553,7 +553,7 @@ def _merge_routine(signals: list[Signal]) -> list[Signal]:
     """Routine signals of a file's chunks, one per rule, marker and process: the latest progress line,
     the largest metric value with the smallest of all in `metric_min` (what the job state keeps)."""
     progress: dict[tuple[object, ...], Signal] = {}
-    metric: dict[tuple[object, ...], tuple[Signal, float]] = {}
+    metric: dict[tuple[object, ...], Signal] = {}
     for signal in signals:
         key = (signal.rule_id, signal.fields.get("marker"), signal.rank, signal.local_rank, signal.host, signal.pid)
         if "metric" not in signal.fields:
@@ -561,25 +561,13 @@ def _merge_routine(signals: list[Signal]) -> list[Signal]:
             if current is None or signal.order > current.order:
                 progress[key] = signal
             continue
-        value = signal.fields.get(str(signal.fields["metric"]))
-        low = signal.fields.get("metric_min", value)
-        if not isinstance(value, (int, float)) or not isinstance(low, (int, float)):
-            metric.setdefault(key + (signal.order,), (signal, float("nan")))
+        if metric_of(signal) is None:  # no number to compare: kept as it is
+            metric.setdefault(key + (signal.order,), signal)
             continue
         seen = metric.get(key)
-        if seen is None:
-            metric[key] = (signal, float(low))
-            continue
-        best, best_low = seen
-        best_value = best.fields.get(str(best.fields["metric"]))
-        winner = signal if isinstance(best_value, (int, float)) and value > best_value else best
-        metric[key] = (winner, min(best_low, float(low)))
-    out = _latest_first(list(progress.values()))
-    for signal, low in metric.values():
-        if not math.isnan(low) and signal.fields.get("metric_min") != low:
-            signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
-        out.append(signal)
-    return out
+        merged = None if seen is None else merge_metric_signals(seen, signal)
+        metric[key] = signal if merged is None else merged[0]
+    return _latest_first(list(progress.values())) + list(metric.values())
 
 
 def _regions(buf: Buffer, size: int) -> list[tuple[int, int]]:

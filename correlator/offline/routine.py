@@ -23,6 +23,7 @@ from itertools import compress, repeat
 from operator import add, itemgetter, sub
 
 from correlator.diagnosis.matcher import Buffer, Hit, Matcher
+from correlator.diagnosis.routine_fold import Peak, fold_peaks
 from ingest.prefixes import Identity
 
 METRIC_KEEP = 16
@@ -44,19 +45,13 @@ class RoutineAggregate:
     Regions of one file merge in file order (`merge`), in the parent or across forked scan processes."""
 
     progress: dict[tuple[int, ProcessKey], int] = field(default_factory=dict)
-    metric: dict[tuple[int, ProcessKey], list[float]] = field(default_factory=dict)
+    metric: dict[tuple[int, ProcessKey], Peak] = field(default_factory=dict)
     lines: int = 0
 
     def merge(self, later: RoutineAggregate) -> None:
         self.progress.update(later.progress)  # the later region's line is the later one
-        for key, (high, at, low) in later.metric.items():
-            current = self.metric.get(key)
-            if current is None:
-                self.metric[key] = [high, at, low]
-                continue
-            if high > current[0]:
-                current[0], current[1] = high, at
-            current[2] = min(current[2], low)
+        peaks = list(later.metric.values())
+        fold_peaks(self.metric, list(later.metric), [p[0] for p in peaks], [p[1] for p in peaks], [p[2] for p in peaks])
         self.lines += later.lines
 
 
@@ -136,21 +131,13 @@ class RoutineAggregator:
 
     def _add_metric(self, buf: Buffer, lo: int, hi: int, r: int, ends: list[int], acc: RoutineAggregate) -> None:
         """Metric hits (of routine id base + `r`), in bulk: line starts, keys and values with C-level maps,
-        then one pass that keeps each process's largest and smallest value."""
-        metric = acc.metric
+        then one fold (`fold_peaks`) that keeps each process's largest and smallest value."""
         # A metric match may end on its line's newline: look for the line's start before that.
         starts, keys = self._keys(buf, lo, hi, list(map(sub, ends, repeat(1))))
         values = self._trailing_numbers(buf, starts, ends) if self._trailing[r] else None
         if values is None:
             values = self._values(buf, hi, r, starts, ends)
-        for key, value, start in zip(keys, values, starts):
-            current = metric.get((r, key))
-            if current is None:
-                metric[(r, key)] = [value, start, value]
-            elif value > current[0]:
-                current[0], current[1] = value, start
-            elif value < current[2]:
-                current[2] = value
+        fold_peaks(acc.metric, list(zip(repeat(r), keys)), values, starts)
 
     @staticmethod
     def _trailing_numbers(buf: Buffer, starts: list[int], ends: list[int]) -> list[float] | None:
@@ -206,16 +193,11 @@ class RoutineAggregator:
                 key = (matcher.exprs[expr_id].rule_index, pkey)
                 if latest.get(key, -1) < start:
                     latest[key] = start
-        peaks: dict[tuple[int, ProcessKey], list[float]] = {}
-        for (r, raw_key), (high, at, low) in acc.metric.items():
-            key = (matcher.exprs[matcher.routine_expand[r][0]].rule_index, self._process(raw_key))
-            current = peaks.get(key)
-            if current is None:
-                peaks[key] = [high, at, low]
-            else:
-                if high > current[0] or high == current[0] and at < current[1]:
-                    current[0], current[1] = high, at
-                current[2] = min(current[2], low)
+        peaks: dict[tuple[int, ProcessKey], Peak] = {}
+        folded = list(acc.metric.values())
+        fold_peaks(peaks, [(matcher.exprs[matcher.routine_expand[r][0]].rule_index, self._process(raw_key))
+                           for r, raw_key in acc.metric],
+                   [p[0] for p in folded], [p[1] for p in folded], [p[2] for p in folded])
 
         def line_end(start: int) -> int:
             end = buf.find(b"\n", start, hi)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from correlator.diagnosis.engine.rankset import RankSet
 from correlator.diagnosis.models import SEVERITY_RANK, Signal
+from correlator.diagnosis.routine_fold import merge_metric_signals
 from correlator.diagnosis.signals import DEFAULT_GROUPS, TIME_BORROWED
 
 MAX_SIGNALS = 512  # individual signals (causes, markers, metric peaks) per job
@@ -450,15 +451,11 @@ class JobState(BaseModel):
         new = signal.fields.get(field)
         if position is not None:
             self.repeats[key] = self.repeats.get(key, 0) + 1
-            existing = self.signals[position]
-            old = existing.fields.get(field)
-            low = existing.fields.get("metric_min", old)
-            if isinstance(new, (int, float)) and isinstance(old, (int, float)):
-                low = min(new, low) if isinstance(low, (int, float)) else new
-                winner = signal if new > old else existing
-                self.signals[position] = winner.model_copy(update={"fields": {**winner.fields, "metric_min": low}})
-                return winner is signal
-            return False
+            merged = merge_metric_signals(self.signals[position], signal)
+            if merged is None:
+                return False
+            self.signals[position], won = merged
+            return won
         peers = [i for i, s in enumerate(self.signals) if s.rule_id == signal.rule_id]
         if len(peers) >= MAX_METRIC_PROCESSES:
             def value(i: int) -> float:
