@@ -121,7 +121,7 @@ class Parts:
 
         ruleset = load_ruleset()
         extractor = SignalExtractor(ruleset)
-        correlator = JobCorrelator(Engine(ruleset, quiet_window_s=20.0), quiet_window_s=20.0)
+        correlator = JobCorrelator(Engine(ruleset), quiet_window_s=20.0)
         return cls(extractor, correlator, chatter_pool(extractor), chatter_pool(extractor, silent=True))
 
 

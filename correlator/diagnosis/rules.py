@@ -217,14 +217,6 @@ class RuleSet:
             return self.classes[rule.class_].role
         return "either"
 
-    def explains_by_class(self) -> dict[str, set[str]]:
-        """Class -> classes it explains, the union over its rules."""
-        graph: dict[str, set[str]] = {}
-        for lr in self.rules:
-            if lr.rule.class_:
-                graph.setdefault(lr.rule.class_, set()).update(lr.rule.explains)
-        return graph
-
 
 def default_rules_dir() -> Path:
     return Path(str(resources.files("rules")))

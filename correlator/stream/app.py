@@ -185,7 +185,7 @@ class Pipeline:
     def engine(self) -> Any:
         from correlator.diagnosis.engine import Engine
 
-        return Engine(self.ruleset, quiet_window_s=self.settings.engine.quiet_window_s)
+        return Engine(self.ruleset)
 
 
 def _build_match(app: faust.App, settings: Settings, pipeline: Pipeline) -> None:

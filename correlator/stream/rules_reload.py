@@ -78,7 +78,6 @@ class RuleReloader:
         self.subscribers: list[Callable[[LiveRules], None]] = []
         self.seen = rules_fingerprint(self.root)
         self.version: str | None = None
-        self.last_problems: list[str] = []
         self.lock: asyncio.Lock | None = None
         self.hup_installed = False
         self.hup_requested = False
@@ -119,12 +118,10 @@ class RuleReloader:
             result = await asyncio.get_running_loop().run_in_executor(None, self.load)
             old = self.version or self.current_version() or "?"
             if isinstance(result, list):
-                self.last_problems = result
                 RELOADS.labels("rejected").inc()
                 for problem in result:
                     log.error("rules reload refused, still running rule set %s: %s", old, problem)
                 return ReloadOutcome(False, old, result)
-            self.last_problems = []
             self.apply(result)
             RELOADS.labels("applied").inc()
             log.warning("rules reloaded from %s: rule set %s -> %s (%d rules)", self.root, old,
@@ -171,8 +168,7 @@ def pipeline_reloader(pipeline: Any) -> RuleReloader:
         from correlator.diagnosis.signals import SignalExtractor
 
         matcher = Matcher(ruleset)
-        return LiveRules(ruleset, matcher, SignalExtractor(ruleset, matcher),
-                         Engine(ruleset, quiet_window_s=settings.engine.quiet_window_s))
+        return LiveRules(ruleset, matcher, SignalExtractor(ruleset, matcher), Engine(ruleset))
 
     def current() -> str | None:
         ruleset = pipeline.__dict__.get("ruleset")

@@ -23,7 +23,6 @@ class TopicSpec:
     partitions: int
     replication_factor: int
     configs: dict[str, str] = field(default_factory=dict)
-    purpose: str = ""
 
 
 def group_id(settings: Settings, role: str) -> str:

@@ -66,7 +66,7 @@ class Harness:
                              store="memory://", autodiscover=False)
         self.source, incidents = self.app.channel(), self.app.channel()
         self.incidents_seen = incidents.__aiter__()
-        self.engine = Engine(ruleset, quiet_window_s=QUIET_S)
+        self.engine = Engine(ruleset)
         self.agent = make_correlate_agent(
             self.app, self.source, incidents, self.table, JobCorrelator(self.engine, quiet_window_s=QUIET_S),
             batch_size=1000, batch_within_s=0.02, clock=lambda: self.now,

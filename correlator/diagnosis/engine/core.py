@@ -48,7 +48,6 @@ class Engine:
         self,
         ruleset: RuleSet,
         *,
-        quiet_window_s: float = 20.0,
         window_gap_s: float = 7200.0,
         default_timeout_s: float = 1800.0,
     ) -> None:
@@ -56,7 +55,6 @@ class Engine:
         self.rules: dict[str, Rule] = ruleset.by_id()
         self.roles = {rule_id: ruleset.role_of(rule) for rule_id, rule in self.rules.items()}
         self.tags = {rule_id: frozenset(rule.tags) for rule_id, rule in self.rules.items()}
-        self.quiet_window_s = quiet_window_s
         self.window_gap_s = window_gap_s
         self.default_timeout_s = default_timeout_s
         self.builder = IncidentBuilder(ruleset)

@@ -164,12 +164,6 @@ def decode_signal_messages(key: bytes | str | None, value: bytes | str | None) -
     return out
 
 
-def decode_signal_message(key: bytes | str | None, value: bytes | str | None) -> Decoded | None:
-    """The first item of `decode_signal_messages` (a record holding one signal or a close request)."""
-    decoded = decode_signal_messages(key, value)
-    return decoded[0] if decoded else None
-
-
 class JobCorrelator:
     """The agent's work without faust: apply signals to a job entry, close quiet windows."""
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 from correlator.tooling.simulate.classes import DEMO_CLASS, DEMO_RANK, taxonomy
@@ -148,12 +148,6 @@ def simulate(
     )
     (out / "truth.json").write_text(json.dumps(truth.to_json_dict(), indent=2) + "\n", encoding="utf-8")
     return truth
-
-
-def default_start(now: datetime | None = None) -> datetime:
-    """An hour before `now`, to the second (a start for callers that want one fixed per run)."""
-    now = now or datetime.now(UTC)
-    return (now - timedelta(hours=1)).replace(microsecond=0)
 
 
 def simulate_demo(out: Path, *, fmt: str = "plain", seed: int = 0, start: datetime | None = None) -> Truth:
