@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, BinaryIO
 
 from correlator.diagnosis.engine import Engine, JobState
-from correlator.diagnosis.engine.state import sort_key
+from correlator.diagnosis.engine.keys import sort_key
 from correlator.diagnosis.matcher import Buffer, Hit, Matcher
 from correlator.diagnosis.models import Incident, Signal
 from correlator.diagnosis.routine_fold import merge_metric_signals, metric_of

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from correlator.diagnosis.engine.state import Aggregate, has_own_time
+from correlator.diagnosis.engine.keys import has_own_time
+from correlator.diagnosis.engine.store import Aggregate
 from correlator.diagnosis.models import SEVERITY_RANK, Signal
 from correlator.diagnosis.rules import TIER_BOUNDARIES, Rule
 

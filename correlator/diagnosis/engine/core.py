@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from correlator.diagnosis.engine.causality import Causality, Node, tier
+from correlator.diagnosis.engine.facts import GroupProgress
 from correlator.diagnosis.engine.identity import (
     corroborated,
     fill_identity,
@@ -27,9 +28,10 @@ from correlator.diagnosis.engine.identity import (
     named_by_reports,
 )
 from correlator.diagnosis.engine.incident import Choice, IncidentBuilder, incident_id
+from correlator.diagnosis.engine.keys import process_key, sort_key, time_of
 from correlator.diagnosis.engine.progress import Suspect, hang_suspect, inferred_missing, mismatch_suspect
 from correlator.diagnosis.engine.special import resolve_special, same_process
-from correlator.diagnosis.engine.state import GroupProgress, JobState, process_key, sort_key, time_of
+from correlator.diagnosis.engine.state import JobState
 from correlator.diagnosis.engine.timeline import Clock, Timeline, build_timeline, estimate_clock
 from correlator.diagnosis.models import SEVERITY_RANK, Incident, Signal
 from correlator.diagnosis.rules import GENERIC_CLASSES, Rule, RuleSet

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from correlator.diagnosis.engine.state import normalize_bus_id
+from correlator.diagnosis.engine.facts import normalize_bus_id
 from correlator.diagnosis.models import Signal
 
 WHO = ("rank", "local_rank", "host", "pid", "gpu")

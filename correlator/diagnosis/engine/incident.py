@@ -6,8 +6,9 @@ import hashlib
 from dataclasses import dataclass
 
 from correlator.diagnosis.engine.causality import Causality, Node
+from correlator.diagnosis.engine.keys import time_of
 from correlator.diagnosis.engine.progress import Suspect
-from correlator.diagnosis.engine.state import JobState, time_of
+from correlator.diagnosis.engine.state import JobState
 from correlator.diagnosis.engine.timeline import Timeline, iso
 from correlator.diagnosis.models import CollateralEntry, Evidence, Incident, Initiator, Signal
 from correlator.diagnosis.rules import RuleSet

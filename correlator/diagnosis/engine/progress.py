@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from correlator.diagnosis.engine.state import GroupProgress
+from correlator.diagnosis.engine.facts import GroupProgress
 
 _DEFAULT_GROUPS = ("0", "default_pg")
 UNKNOWN_GROUP = "0"  # watchdog lines of older releases name no group: they are the default group's

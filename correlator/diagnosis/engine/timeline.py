@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from correlator.diagnosis.engine.state import JobState, time_of
+from correlator.diagnosis.engine.keys import time_of
+from correlator.diagnosis.engine.state import JobState
 from correlator.diagnosis.models import Signal
 
 _ANCHOR_KINDS = {"wd": "watchdog timeouts of one collective", "init": "NCCL communicator init bursts",

@@ -101,10 +101,8 @@ class JobEntry:
             signals.append(data)
         self.dumped_signals = dumped
         rest = state.model_dump(mode="json", by_alias=True, exclude={"signals"})
-        out = {"job_id": rest.pop("job_id")}  # the fields in JobState's order, as model_dump gives them
-        out["signals"] = signals
-        out.update(rest)
-        return out
+        rest["signals"] = signals
+        return {name: rest[name] for name in JobState.model_fields}  # in JobState's order, as model_dump gives them
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -9,7 +9,8 @@ import random
 from datetime import UTC, datetime, timedelta
 
 from correlator.diagnosis.engine import JobState
-from correlator.diagnosis.engine.state import _PER_RULE, MAX_MARKERS_PER_RULE, sort_key
+from correlator.diagnosis.engine.keys import sort_key
+from correlator.diagnosis.engine.store import _PER_RULE, MAX_MARKERS_PER_RULE
 from correlator.diagnosis.models import Signal
 
 T0 = datetime(2026, 3, 14, 9, 0, 0, tzinfo=UTC)
@@ -75,7 +76,7 @@ def test_markers_refused_by_a_remembered_floor_are_those_a_full_scan_refuses() -
         remembered, scanned = JobState(job_id="j"), JobState(job_id="j")
         refused_by_floor = 0
         for index, signal in enumerate(feed):
-            floors_before = dict(remembered.__pydantic_private__["_marker_floors"])  # type: ignore[index]
+            floors_before = dict(remembered._lookup.floors)
             remembered.add(signal)
             scanned._forget_floors()  # as if no floor were ever kept: every marker scans
             scanned.add(signal)
