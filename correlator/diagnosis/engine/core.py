@@ -30,7 +30,7 @@ from correlator.diagnosis.engine.identity import (
 from correlator.diagnosis.engine.incident import Choice, IncidentBuilder, incident_id
 from correlator.diagnosis.engine.keys import process_key, sort_key, time_of
 from correlator.diagnosis.engine.progress import Suspect, hang_suspect, inferred_missing, mismatch_suspect
-from correlator.diagnosis.engine.special import resolve_special, same_process
+from correlator.diagnosis.engine.sequence_absence_metric import resolve_sequence_absence_metric, same_process
 from correlator.diagnosis.engine.state import JobState
 from correlator.diagnosis.engine.timeline import Clock, Timeline, build_timeline, estimate_clock
 from correlator.diagnosis.models import SEVERITY_RANK, Incident, Signal
@@ -151,7 +151,8 @@ class Engine:
         now_t: float | None,
         earlier: Sequence[Signal] = (),
     ) -> list[Incident]:
-        matches = [s for s in resolve_special(self.rules, window, timeline, now_t, earlier) if s.class_]
+        resolved = resolve_sequence_absence_metric(self.rules, window, timeline, now_t, earlier)
+        matches = [s for s in resolved if s.class_]
         nodes = [Node(s, timeline.t(s), attempt) for s in matches] + list(aggregates)
         if not nodes or max(SEVERITY_RANK.get(n.signal.severity, 2) for n in nodes) == 0:
             return []

@@ -20,7 +20,7 @@ def same_process(a: Signal, b: Signal) -> bool:
     return a.host is None or b.host is None or a.host == b.host
 
 
-def resolve_special(
+def resolve_sequence_absence_metric(
     rules: Mapping[str, Rule], window: Sequence[Signal], timeline: Timeline, now_t: float | None,
     earlier: Sequence[Signal] = (),
 ) -> list[Signal]:
