@@ -23,6 +23,7 @@ class TopicSpec:
     partitions: int
     replication_factor: int
     configs: dict[str, str] = field(default_factory=dict)
+    purpose: str = ""  # what the topic carries (the specs below read as the list of topics)
 
 
 def group_id(settings: Settings, role: str) -> str:
