@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import hyperscan
 
-from correlator.diagnosis.patterns import cache_dir, json_string_edges, pattern_flags
+from correlator.diagnosis.patterns import HYPERSCAN_VERSION, cache_dir, json_string_edges, pattern_flags
 from correlator.diagnosis.rules import Rule, RuleSet, cached_database, store_databases
 
 ExprRole = Literal["main", "after", "end"]
@@ -151,7 +151,7 @@ class Matcher:
         patterns = [p for _, p, _ in exprs]
         flags = [f for _, _, f in exprs]
         key = hashlib.sha256(
-            b"\0".join(patterns) + repr((ids, flags)).encode() + hyperscan.__version__.encode()
+            b"\0".join(patterns) + repr((ids, flags)).encode() + HYPERSCAN_VERSION.encode()
         ).hexdigest()[:20]
         blob = cached_database(self.ruleset, key) if use_cache else None
         if blob is not None:

@@ -10,6 +10,9 @@ from pathlib import Path
 import hyperscan
 
 _BASE_FLAGS = hyperscan.HS_FLAG_MULTILINE
+# The installed hyperscan's version, part of every compiled database's cache key. The package's stubs
+# (__init__.pyi) leave `__version__` out, so it is read here, once.
+HYPERSCAN_VERSION = str(getattr(hyperscan, "__version__", "unknown"))
 
 
 def pattern_flags(caseless: bool) -> int:

@@ -25,6 +25,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import cast
 
 import hyperscan
 import simdjson
@@ -156,18 +157,18 @@ class JsonScreen:
         batch is checked at once first: forwarders send one shape."""
         n = len(values)
         limit = min(self.max_value_bytes, SCREEN_MAX_VALUE_BYTES)
-        if n and None not in values and max(map(len, values)) <= limit:  # type: ignore[arg-type]
-            whole: list[bytes] = values  # type: ignore[assignment]
+        whole = cast("Sequence[bytes]", values) if n and None not in values else None  # no None: checked
+        if whole is not None and max(map(len, whole)) <= limit:
             joined = b"\n".join(whole)
             # Whether each value is a JSON object is left to the validation (`_broken_json`): a value that is
             # not is decoded, as any other.
             # A `rootrank ship` batch is reported by the scan itself (Matcher.json_prefilter).
             if joined.count(b"\n") == n - 1 and _OTHER_ESCAPE.search(joined) is None:
-                return list(range(n)), whole, joined
+                return list(range(n)), list(whole), joined
         positions = [i for i, v in enumerate(values) if v is not None and len(v) <= limit and one_line_json(v)]
         if not positions:
             return None
-        raw: list[bytes] = [values[i] for i in positions]  # type: ignore[misc]
+        raw = [v for i in positions if (v := values[i]) is not None]  # all of them: positions hold no None
         return positions, raw, b"\n".join(raw)
 
     def _routine_winners(self, scanned: bytes, starts: list[int], routine_only: dict[int, list[tuple[int, int]]]) -> set[int]:
@@ -178,6 +179,7 @@ class JsonScreen:
         find = scanned.find
         for at, hits in routine_only.items():
             start, end = starts[at], starts[at + 1] - 1
+            lo = -1
             for key in _TEXT_FIELDS:
                 lo = find(key, start, end)
                 if lo >= 0:

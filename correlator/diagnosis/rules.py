@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from correlator.diagnosis.models import Role, Severity
-from correlator.diagnosis.patterns import cache_dir, compile_single, pattern_flags
+from correlator.diagnosis.patterns import HYPERSCAN_VERSION, cache_dir, compile_single, pattern_flags
 
 if TYPE_CHECKING:
     import yaml
@@ -398,7 +398,7 @@ def _whole_set_compiles(files: list[Path], classes: dict[str, FailureClass]) -> 
         for pattern in _all_patterns(rule.rule):
             patterns.append(pattern.encode("utf-8"))
             flags.append(pattern_flags(rule.rule.caseless))
-    key = hashlib.sha256(b"\0".join(patterns) + repr(flags).encode() + hyperscan.__version__.encode()).hexdigest()[:20]
+    key = hashlib.sha256(b"\0".join(patterns) + repr(flags).encode() + HYPERSCAN_VERSION.encode()).hexdigest()[:20]
     marker = cache_dir() / f"patterns-ok-{key}"
     if marker.exists():
         return True
@@ -508,7 +508,7 @@ def _ruleset_cache_key(root: Path, classes_path: Path, files: list[Path]) -> str
     import pydantic
 
     digest = hashlib.sha256(
-        f"{_CACHE_FORMAT}|{_package_version()}|{sys.version_info[:2]}|{pydantic.VERSION}|{hyperscan.__version__}|"
+        f"{_CACHE_FORMAT}|{_package_version()}|{sys.version_info[:2]}|{pydantic.VERSION}|{HYPERSCAN_VERSION}|"
         f"{_yaml_build()}".encode()
     )
     try:

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from itertools import pairwise
 
-from correlator.diagnosis.matcher import FREQUENT_CAP, Hit, Matcher
+from correlator.diagnosis.matcher import FREQUENT_CAP, ExprRole, Hit, Matcher
 from correlator.diagnosis.models import MAX_EVIDENCE_LINE, Signal
 from correlator.diagnosis.routine_fold import Peak, fold_peaks
 from correlator.diagnosis.rules import GENERIC_CLASSES, Rule, RuleSet
@@ -148,24 +148,26 @@ class SignalExtractor:
             # The line was cut (by the forwarder, the decoder, or to the evidence cap just below).
             fields["truncated"] = 1
         is_fact = rule.kind == "fact" or hit.role != "main"
-        return Signal(
-            job_id=event.job_id,
-            rule_id=rule.id,
-            rule_version=rule.version,
-            kind="fact" if is_fact else "match",
-            class_=rule.class_,
-            role=self._roles[hit.rule_index],
-            severity=rule.severity,
-            ts=event.ts,
-            received_ts=event.received_ts,
-            source=event.source,
-            file=event.file,
-            order=order,
-            attempt=event.attempt,
-            line=text[:MAX_EVIDENCE_LINE],
-            fields=fields,
-            **identity,  # type: ignore[arg-type]
-        )
+        # Who-fields a rule extracted are text or numbers as the line wrote them: validated into the
+        # signal's types here (a rank "3" becomes 3), as every field is.
+        return Signal.model_validate({
+            "job_id": event.job_id,
+            "rule_id": rule.id,
+            "rule_version": rule.version,
+            "kind": "fact" if is_fact else "match",
+            "class_": rule.class_,
+            "role": self._roles[hit.rule_index],
+            "severity": rule.severity,
+            "ts": event.ts,
+            "received_ts": event.received_ts,
+            "source": event.source,
+            "file": event.file,
+            "order": order,
+            "attempt": event.attempt,
+            "line": text[:MAX_EVIDENCE_LINE],
+            "fields": fields,
+            **identity,
+        })
 
     @staticmethod
     def _place_self_rank(self_rank: object, identity: dict[str, object], fields: dict[str, str | int | float]) -> None:
@@ -222,7 +224,7 @@ class SignalExtractor:
         progress lines are found by scanning their tails (`Matcher.scan_routine`). `known`: line ranges
         whose texts the caller has joined already (each is "\n".join(texts[lo:hi]), no text holding "\n").
         """
-        routine: dict[tuple[int, str, Hashable], Peak] = {}  # (rule, role, stream) -> its peak: `fold_peaks`
+        routine: dict[tuple[int, ExprRole, Hashable], Peak] = {}  # (rule, role, stream) -> its peak: `fold_peaks`
         capped = not runs  # lines that come with their streams' runs get every progress line looked at
         runs = [run for run in runs if run[1] - run[0] >= MIN_RUN_LINES]
         encoded = _encode_lines(texts, runs, known)
@@ -237,7 +239,7 @@ class SignalExtractor:
                                                runs, capped=capped))
             indexed.sort(key=lambda pair: (pair[0], pair[1].rule_index))
         out: list[Signal] = []
-        keys: list[tuple[int, str, Hashable]] = []
+        keys: list[tuple[int, ExprRole, Hashable]] = []
         values: list[float] = []
         lines: list[int] = []
         for index, hit in best_hits_per_line(indexed, self.rules):
@@ -285,7 +287,7 @@ class SignalExtractor:
 
     def _routine_lines(self, buf: bytes, routine_raw: Sequence[tuple[int, int]], hard_lines: set[int],
                        texts: Sequence[str], stream_of: Callable[[int], Hashable],
-                       routine: dict[tuple[int, str, Hashable], Peak],
+                       routine: dict[tuple[int, ExprRole, Hashable], Peak],
                        runs: Sequence[tuple[int, int]] = (), *, capped: bool = True) -> list[tuple[int, Hit]]:
         """Fold the routine hits of lines no other rule hit into `routine`, as `best_hits_per_line` and the
         loop of `from_texts` would: per line, one metric hit (the best rule) and every progress marker.
@@ -294,7 +296,7 @@ class SignalExtractor:
         matcher = self.matcher
         base, expand = matcher.routine_base, matcher.routine_expand
         passed: list[tuple[int, Hit]] = []
-        keys: list[tuple[int, str, Hashable]] = []  # the routine lines' observations, folded at the end
+        keys: list[tuple[int, ExprRole, Hashable]] = []  # the routine lines' observations, folded at the end
         values: list[float] = []
         lines: list[int] = []
         run_at = 0
@@ -380,5 +382,5 @@ class SignalExtractor:
             [event.line for event in events],
             events.__getitem__,
             lambda i: (events[i].host, events[i].rank, events[i].local_rank, events[i].pid, events[i].file),
-            lambda i: order_base + (i if events[i].offset is None else events[i].offset),
+            lambda i: order_base + (i if (offset := events[i].offset) is None else offset),
         )

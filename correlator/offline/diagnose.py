@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Protocol
 
 from correlator.diagnosis.engine import Engine, JobState
 from correlator.diagnosis.engine.keys import sort_key
@@ -35,6 +35,8 @@ from ingest.prefixes import Identity, identity_from_path, parse_prefixes
 
 if TYPE_CHECKING:
     import multiprocessing.pool
+
+    from _typeshed import WriteableBuffer
 
 CHUNK_BYTES = 16 * 1024 * 1024
 CONTINUATION_LOOKBACK = 64
@@ -55,12 +57,30 @@ class DiagnoseStats:
     decode_errors: int = 0
 
 
+class BinaryReader(Protocol):
+    """What diagnose reads an input with: a file opened "rb", a gzip file, standard input's buffer."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+    def fileno(self) -> int: ...
+    def close(self) -> None: ...
+
+
 @dataclass
 class Source:
     name: str
     size: int | None
-    open: Callable[[], BinaryIO]
+    open: Callable[[], BinaryReader]
     path: Path | None = None  # a plain file on disk: mapped and scanned in place, in parallel
+
+
+def _open_file(path: Path) -> BinaryReader:
+    return open(path, "rb")  # noqa: SIM115 - the caller closes it (Source.open)
+
+
+def _open_gzip(path: Path) -> BinaryReader:
+    import gzip  # only for compressed input
+
+    return gzip.open(path, "rb")
 
 
 def iter_sources(paths: Sequence[str], stats: DiagnoseStats) -> Iterator[Source]:
@@ -83,11 +103,9 @@ def iter_sources(paths: Sequence[str], stats: DiagnoseStats) -> Iterator[Source]
                 continue
             size = f.stat().st_size
             if f.suffix == ".gz":
-                import gzip  # only for compressed input
-
-                yield Source(str(f), size, lambda f=f: gzip.open(f, "rb"))  # type: ignore[misc]
+                yield Source(str(f), size, functools.partial(_open_gzip, f))
             else:
-                yield Source(str(f), size, lambda f=f: open(f, "rb"), f)  # type: ignore[misc]
+                yield Source(str(f), size, functools.partial(_open_file, f), f)
 
 
 def _looks_binary(head: bytes) -> bool:
@@ -147,7 +165,7 @@ class Diagnoser:
     def signals_from_stream(
         self,
         source: Source,
-        stream: BinaryIO,
+        stream: BinaryReader,
         job_id: str,
         file_index: int,
         stats: DiagnoseStats,
@@ -393,7 +411,7 @@ class Diagnoser:
     def signals_from_json_lines(
         self,
         source: Source,
-        stream: BinaryIO,
+        stream: BinaryReader,
         head: bytes,
         job_id: str,
         file_index: int,
@@ -404,7 +422,7 @@ class Diagnoser:
 
         out: list[Signal] = []
         events: list[LogEvent] = []
-        reader = io.BufferedReader(_Prepend(head, stream))  # type: ignore[arg-type]
+        reader = io.BufferedReader(_Prepend(head, stream))
         for lineno, line in enumerate(reader):
             stats.bytes += len(line)
             if progress:
@@ -451,14 +469,15 @@ class Diagnoser:
 class _Prepend(io.RawIOBase):
     """A stream that yields `head` first, then the rest of `stream` (the head was read to sniff the format)."""
 
-    def __init__(self, head: bytes, stream: BinaryIO) -> None:
+    def __init__(self, head: bytes, stream: BinaryReader) -> None:
         self.head = head
         self.rest = stream
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b: bytearray) -> int:  # type: ignore[override]
+    def readinto(self, buffer: WriteableBuffer, /) -> int:
+        b = memoryview(buffer).cast("B")
         if self.head:
             n = min(len(b), len(self.head))
             b[:n] = self.head[:n]

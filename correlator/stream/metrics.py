@@ -239,19 +239,21 @@ def install_probes(web_app: Any, apps: Sequence[Any], pipeline: Any, *, lag_inte
     if pipeline.__dict__.get("ruleset") is not None:
         allow_ruleset(pipeline.ruleset)
 
-    @web_app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
         return web.bytes(scrape(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
-    @web_app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
         return web.json({"alive": True})
 
-    @web_app.page("/readyz")
     async def readyz(web: Any, request: Any) -> Any:
         ready, details = readiness(apps, rules_loaded)
         READY.set(1 if ready else 0)
         return web.json(details, status=200 if ready else 503)
+
+    # faust's web pages (registered by calling its decorator: faust has no type information, and a function
+    # under an untyped decorator would lose its own)
+    for path, page in (("/metrics", metrics_page), ("/healthz", healthz), ("/readyz", readyz)):
+        web_app.page(path)(page)
 
     for app in apps:
         def lag_timer(app: Any = app) -> Callable[[], Any]:

@@ -68,7 +68,6 @@ def run_worker(settings: Settings, roles: str = "all", *, loglevel: str = "WARNI
         worker.execute_from_commandline()
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
-    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover - `rootrank worker` is the entry point

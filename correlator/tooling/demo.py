@@ -17,13 +17,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console
 
 from correlator.config import Settings
 from correlator.tooling.embedded import UpContext, UpError, free_port, start_kafka
 from correlator.tooling.local_services import WebhookReceiver, start_elasticsearch
+
+if TYPE_CHECKING:
+    from correlator.sinks.elasticsearch.search import IncidentHit
+
+T = TypeVar("T")
 
 console = Console(stderr=True)
 
@@ -43,7 +50,7 @@ def _write_config(path: Path, webhook_url: str, secret: str) -> None:
     }))
 
 
-def _wait_for(what: str, check, timeout_s: float):  # type: ignore[no-untyped-def]
+def _wait_for(what: str, check: Callable[[], T | None], timeout_s: float) -> T:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         result = check()
@@ -129,8 +136,8 @@ def run(keep: Path | None = None, timeout_s: float = 90.0) -> int:
         alias = incidents_names(settings.elasticsearch.index_prefix).alias
         filt = IncidentFilter(job=truth.job_id)
 
-        def found():  # type: ignore[no-untyped-def]
-            if worker is not None and worker.poll() is not None:
+        def found() -> list[IncidentHit] | None:
+            if worker.poll() is not None:
                 raise RuntimeError(f"the worker exited ({worker.returncode}); see {workdir / 'worker.log'}")
             try:
                 hits = search_incidents(client, alias, filt)

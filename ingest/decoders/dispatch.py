@@ -139,8 +139,13 @@ def _decode_object(obj: dict[str, Any], received_ts: datetime | None, max_line_b
 # --- entry points ------------------------------------------------------------------------------
 
 
+# What a consumer may hand over as a message value: bytes from Kafka, or text and buffers from callers that
+# have them (anything else is a `bad_record`).
+RawValue = bytes | bytearray | memoryview | str
+
+
 def decode_lines(
-    value: bytes,
+    value: RawValue,
     *,
     received_ts: datetime | None = None,
     max_line_bytes: int = 65536,
@@ -171,7 +176,7 @@ def decode_lines(
 
 
 def decode_value(
-    value: bytes,
+    value: RawValue,
     *,
     received_ts: datetime | None = None,
     max_line_bytes: int = 65536,

@@ -120,22 +120,23 @@ class Engine:
     def _windows(
         self, signals: Sequence[Signal], aggregates: Sequence[Node], timeline: Timeline
     ) -> list[tuple[list[Signal], list[Node]]]:
-        events: list[tuple[tuple[float, int], int, object]] = [(timeline.key(s), 0, s) for s in signals]
+        # (time, order), then signals before aggregates at the same key
+        events: list[tuple[tuple[float, int], int, Signal | Node]] = [(timeline.key(s), 0, s) for s in signals]
         events += [(node.key(), 1, node) for node in aggregates]
         events.sort(key=lambda e: (e[0], e[1]))
         windows: list[tuple[list[Signal], list[Node]]] = [([], [])]
         last_t: float | None = None
-        for (t, _order), kind, item in events:
+        for (t, _order), _kind, item in events:
             timed = t != float("inf")
-            is_match = kind == 1 or item.kind == "match"  # type: ignore[union-attr]
+            is_match = isinstance(item, Node) or item.kind == "match"
             if timed and last_t is not None and t - last_t > self.window_gap_s and is_match:
                 windows.append(([], []))
-            if kind == 0:
-                windows[-1][0].append(item)  # type: ignore[arg-type]
+            if isinstance(item, Node):
+                windows[-1][1].append(item)
             else:
-                windows[-1][1].append(item)  # type: ignore[arg-type]
+                windows[-1][0].append(item)
             if timed and is_match:
-                end = item.t_last if kind == 1 and item.t_last is not None else t  # type: ignore[union-attr]
+                end = item.t_last if isinstance(item, Node) and item.t_last is not None else t
                 last_t = max(last_t or end, end)
         return [w for w in windows if w[0] or w[1]]
 

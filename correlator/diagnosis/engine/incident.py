@@ -107,7 +107,7 @@ class IncidentBuilder:
             job_id=state.job_id,
             class_=cls,
             title=title,
-            severity=severity,  # type: ignore[arg-type]
+            severity=severity,
             confidence=round(max(0.0, min(1.0, confidence)), 3),
             confidence_reason=reason,
             initiator=initiator,

@@ -71,9 +71,9 @@ class Aggregate(BaseModel):
             self.hosts[host] = t
             if len(self.hosts) > MAX_HOSTS_PER_AGGREGATE:
                 # The earliest hosts say when the cascade began; the latest ones say nothing more.
-                latest = max(self.hosts, key=lambda h: -1e300 if self.hosts[h] is None else self.hosts[h])  # type: ignore[operator]
+                latest = max(self.hosts, key=lambda h: -1e300 if (seen := self.hosts[h]) is None else seen)
                 del self.hosts[latest]
-        elif t is not None and (self.hosts[host] is None or t < self.hosts[host]):  # type: ignore[operator]
+        elif t is not None and ((seen := self.hosts[host]) is None or t < seen):
             self.hosts[host] = t
         # The earliest lines in a total order, so the samples (and the line that stands for the cascade)
         # are the same whichever order the lines arrived in: a file read offline or a stream after a rebalance.
@@ -129,7 +129,7 @@ class SignalStore(JobFacts):
             return "marker" in signal.fields and self._add_marker(signal)
         if "metric" in signal.fields:
             return self._add_metric(signal)
-        if signal.kind == "match" and signal.role == "collateral":
+        if signal.role == "collateral":
             return self._add_collateral(signal)
         return self._add_individual(signal)
 

@@ -375,7 +375,6 @@ def main(argv: list[str] | None = None) -> int:
         worker.execute_from_commandline()
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -139,6 +139,7 @@ def decode_signal_messages(key: bytes | str | None, value: bytes | str | None) -
     except orjson.JSONDecodeError:
         log.warning("skipping a signals message that is not JSON (%d bytes)", len(raw))
         return []
+    items: list[object]
     if isinstance(data, dict):
         if data.get("control") == CONTROL_CLOSE:
             return [Decoded(job_id=str(data.get("job_id")), close=True)]
@@ -363,7 +364,7 @@ def _open_windows(table_items: Iterable[tuple[bytes | str, Any]], active_partiti
         if active_partitions is not None and partition not in active_partitions:
             continue
         last = data.get("last_update")
-        floor = taken_at.get(partition) if taken_at else None
+        floor = taken_at.get(partition) if taken_at and isinstance(partition, int) else None
         if floor is not None:
             last = floor if last is None else max(float(last), floor)
         yield (job_id.decode("utf-8") if isinstance(job_id, bytes) else job_id), (None if last is None else float(last))
