@@ -17,7 +17,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
-from typing import Any, Literal
+from typing import Literal
 
 import hyperscan
 
@@ -27,6 +27,8 @@ from correlator.diagnosis.rules import Rule, RuleSet, cached_database, store_dat
 ExprRole = Literal["main", "after", "end"]
 # What the matcher scans: bytes, or an mmap of a whole file (diagnose scans regions of it in place).
 Buffer = bytes | mmap.mmap
+# hyperscan's match callback: (expression id, from, to, flags, context) -> True to stop the scan
+MatchHandler = Callable[[int, int, int, int, object], bool | None]
 
 FREQUENT_CAP = 1024
 # From this size on, scan_split scans a buffer once with both databases' expressions in one database:
@@ -49,6 +51,13 @@ class Hit:
     end: int
     rule_index: int
     role: ExprRole
+
+
+
+def _scan(db: hyperscan.Database, data: memoryview, on_match: MatchHandler, scratch: hyperscan.Scratch) -> None:
+    """`db.scan` over a view of the caller's buffer (bytes or an mmap), without a copy. hyperscan reads any
+    buffer; its stubs say str or bytes."""
+    db.scan(data, match_event_handler=on_match, scratch=scratch)  # type: ignore[type-var]  # see the docstring
 
 
 class Matcher:
@@ -220,11 +229,11 @@ class Matcher:
         return [db for db, wanted in ((self.db, main), (self.routine_db, routine)) if db is not None and wanted]
 
     def _scan_with(self, databases: list[hyperscan.Database], buf: Buffer, lo: int, hi: int,
-                   on_match: Callable[[int, int, int, int, object], None]) -> None:
+                   on_match: MatchHandler) -> None:
         view = memoryview(buf)[lo:hi]  # no copy: hyperscan reads the caller's buffer (bytes or mmap)
         try:
             for db in databases:
-                db.scan(view, match_event_handler=on_match, scratch=self._scratch_for(db))  # type: ignore[type-var]
+                _scan(db, view, on_match, self._scratch_for(db))
         finally:
             view.release()
 
@@ -262,13 +271,16 @@ class Matcher:
         out: list[tuple[int, int]] = []
         add = out.append
 
-        def on_match(expr_id: int, _from: int, to: int, _flags: int, base: Any) -> None:
-            add((base + to, expr_id))
+        def from_offset(base: int) -> MatchHandler:
+            def on_match(expr_id: int, _from: int, to: int, _flags: int, _context: object) -> None:
+                add((base + to, expr_id))
+
+            return on_match
 
         view = memoryview(buf)
         try:
             if metric_db is not None:
-                metric_db.scan(view, match_event_handler=on_match, scratch=self._scratch_for(metric_db), context=0)  # type: ignore[type-var]
+                _scan(metric_db, view, from_offset(0), self._scratch_for(metric_db))
             gaps: list[tuple[int, int]] = []
             at = 0
             for lo, hi in runs:
@@ -279,7 +291,7 @@ class Matcher:
                 gaps.append((at, len(buf)))
             for db, _first in progress_dbs.values():
                 for lo, hi in gaps:
-                    db.scan(view[lo:hi], match_event_handler=on_match, scratch=self._scratch_for(db), context=lo)  # type: ignore[type-var]
+                    _scan(db, view[lo:hi], from_offset(lo), self._scratch_for(db))
             for rid, (db, first) in progress_dbs.items():
                 for lo, hi in runs:
                     last = self._last_match(view, buf, lo, hi, db, first)
@@ -296,8 +308,8 @@ class Matcher:
         tails (each from a line start), after the first empty one a check that the rest matches at all."""
         found: list[int] = []
 
-        def on_line(_id: int, _from: int, to: int, _flags: int, base: Any) -> None:
-            found.append(base + to)
+        def on_line(_id: int, _from: int, to: int, _flags: int, _context: object) -> None:
+            found.append(to)
 
         def on_first(_id: int, _from: int, to: int, _flags: int, _ctx: object) -> bool:
             found.append(to)
@@ -306,12 +318,12 @@ class Matcher:
         size, top, checked = 4096, hi, False
         while top > lo:
             start = lo if top - size <= lo else max(lo, buf.rfind(b"\n", lo, top - size) + 1)
-            db.scan(view[start:top], match_event_handler=on_line, scratch=self._scratch_for(db), context=start)  # type: ignore[type-var]
+            _scan(db, view[start:top], on_line, self._scratch_for(db))
             if found:
-                return found[-1]
+                return start + found[-1]
             if not checked and start > lo:
                 try:
-                    first.scan(view[lo:start], match_event_handler=on_first, scratch=self._scratch_for(first))  # type: ignore[type-var]
+                    _scan(first, view[lo:start], on_first, self._scratch_for(first))
                 except hyperscan.ScanTerminated:
                     pass  # on_first stopped it
                 if not found:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -234,7 +234,11 @@ def _loader() -> type[yaml.SafeLoader]:
     return loader
 
 
-def _collect_lines(node: yaml.Node, lines: dict[tuple[Any, ...], int], path: tuple[Any, ...]) -> None:
+# Where a value sits in a rule file: its keys and list indices from the top (('examples', 'match', 0)).
+Location = tuple[str | int, ...]
+
+
+def _collect_lines(node: yaml.Node, lines: dict[Location, int], path: Location) -> None:
     import yaml
 
     lines.setdefault(path, node.start_mark.line + 1)
@@ -249,10 +253,10 @@ def _collect_lines(node: yaml.Node, lines: dict[tuple[Any, ...], int], path: tup
             _collect_lines(item, lines, path + (i,))
 
 
-def load_yaml_with_lines(path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
+def load_yaml_with_lines(path: Path) -> tuple[object, dict[Location, int]]:
     """The parsed document and a map from key paths (('examples', 'match', 0)) to 1-based lines."""
     text = path.read_text(encoding="utf-8")
-    lines: dict[tuple[Any, ...], int] = {}
+    lines: dict[Location, int] = {}
     import yaml
 
     node = yaml.compose(text, Loader=_loader())
@@ -261,7 +265,7 @@ def load_yaml_with_lines(path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
     return yaml.load(text, Loader=_loader()), lines
 
 
-def _line_for(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int:
+def _line_for(loc: Location, lines: dict[Location, int]) -> int:
     loc_list = list(loc)
     # pydantic reports the alias `class` as `class`; models use class_ internally.
     while loc_list:
@@ -320,7 +324,7 @@ def _all_compile(rule: Rule) -> bool:
     return True
 
 
-def _pattern_problems(path: Path, rule: Rule, lines: dict[tuple[Any, ...], int]) -> list[str]:
+def _pattern_problems(path: Path, rule: Rule, lines: dict[Location, int]) -> list[str]:
     problems: list[str] = []
     for i, pattern in enumerate(rule.patterns):
         err = _hyperscan_problem(pattern, rule.caseless)
@@ -504,7 +508,6 @@ def _yaml_build() -> str:
 def _ruleset_cache_key(root: Path, classes_path: Path, files: list[Path]) -> str | None:
     """sha256 of what the loaded set depends on: where the rules are, every rule file's path and bytes,
     classes.yaml's bytes, the package version and the validating and compiling libraries' versions."""
-    import hyperscan
     import pydantic
 
     digest = hashlib.sha256(
@@ -572,5 +575,5 @@ def store_databases(ruleset: RuleSet, databases: dict[str, bytes]) -> None:
     _write_cached_ruleset(ruleset, {**known, **databases})
 
 
-def rule_json_schema() -> dict[str, Any]:
+def rule_json_schema() -> dict[str, object]:
     return Rule.model_json_schema(by_alias=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
 
 import orjson
 
@@ -32,7 +31,7 @@ def _looks_like_json_object(value: bytes) -> bool:
     return len(value) < 64
 
 
-def _loads(value: bytes) -> Any:
+def _loads(value: bytes) -> object:
     try:
         return orjson.loads(value)
     except orjson.JSONDecodeError:
@@ -43,15 +42,16 @@ def _loads(value: bytes) -> Any:
         raise DecodeError("bad_json", str(exc)[:200]) from None
 
 
-def _loads_objects(body: bytes) -> list[dict[str, Any]]:
+def _loads_objects(body: bytes) -> list[dict[str, object]]:
     """The JSON object(s) of a value: one object, or newline-delimited objects (JSON lines)."""
     try:
         obj = _loads(body)
     except DecodeError:
         if b"\n" not in body.rstrip():
             raise
-        objects = [_loads(part) for part in body.split(b"\n") if part.strip()]
-        if not all(isinstance(o, dict) for o in objects):
+        parts = [_loads(part) for part in body.split(b"\n") if part.strip()]
+        objects = [o for o in parts if isinstance(o, dict)]
+        if len(objects) != len(parts):
             raise DecodeError("bad_json", "a JSON line is not an object") from None
         return objects
     if not isinstance(obj, dict):
@@ -59,7 +59,7 @@ def _loads_objects(body: bytes) -> list[dict[str, Any]]:
     return [obj]
 
 
-def _json_array_of_objects(body: bytes) -> list[dict[str, Any]] | None:
+def _json_array_of_objects(body: bytes) -> list[dict[str, object]] | None:
     """A JSON array of records (Fluent Bit's `format json` over HTTP), else None: a line that
     merely starts with '[' is far more often log text ("[rank0]: ...") than broken JSON."""
     try:
@@ -76,7 +76,7 @@ def _json_array_of_objects(body: bytes) -> list[dict[str, Any]] | None:
 _EXPLICIT_KEYS = frozenset({"job_id", "rank", "local_rank", "pid", "attempt"})
 
 
-def _explicit_identity(obj: Mapping[str, Any], rec: RawRecord) -> None:
+def _explicit_identity(obj: Mapping[str, object], rec: RawRecord) -> None:
     """`job_id`/`rank`/`local_rank`/`pid`/`attempt` set explicitly on the record (top level, or in
     Filebeat's `fields`) win over anything derived later."""
     fields = obj.get("fields")
@@ -99,7 +99,7 @@ def _explicit_identity(obj: Mapping[str, Any], rec: RawRecord) -> None:
 TEXT_KEYS = ("log", "message", "MESSAGE", "msg")
 
 
-def _decode_object(obj: dict[str, Any], received_ts: datetime | None, max_line_bytes: int) -> list[RawRecord]:
+def _decode_object(obj: dict[str, object], received_ts: datetime | None, max_line_bytes: int) -> list[RawRecord]:
     if is_ship_batch(obj):
         return rootrank_ship.decode_batch(obj, received_ts, max_line_bytes)
     log = obj.get("log")
@@ -122,12 +122,12 @@ def _decode_object(obj: dict[str, Any], received_ts: datetime | None, max_line_b
             rec.source = "filebeat"
             text = message
             filebeat.fill_record(obj, rec)
-    elif isinstance(obj.get("MESSAGE"), str):  # Fluent Bit systemd input, no rename
+    elif isinstance(journal := obj.get("MESSAGE"), str):  # Fluent Bit systemd input, no rename
         rec.source = "fluentbit"
-        text = obj["MESSAGE"]
+        text = journal
         fluentbit.fill_record(obj, rec)
-    elif isinstance(obj.get("msg"), str):  # a structured application log line sent as is
-        text = obj["msg"]
+    elif isinstance(msg := obj.get("msg"), str):  # a structured application log line sent as is
+        text = msg
         rec.ts = tsu.parse_any(obj.get("time", obj.get("ts")))
         rec.host = str_field(obj.get("host"))
     else:
@@ -204,7 +204,7 @@ def decode_value(
         body = body[3:].lstrip()
     if not body:
         raise DecodeError("empty")
-    objects: list[dict[str, Any]] | None = None
+    objects: list[dict[str, object]] | None = None
     if body[:1] == b"{" and _looks_like_json_object(body):
         objects = _loads_objects(body)
     elif body[:2] == b"[{":

@@ -4,14 +4,13 @@ pod metadata as rootrank's labels."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 
-def str_field(value: Any) -> str | None:
+def str_field(value: object) -> str | None:
     return value or None if isinstance(value, str) else None
 
 
-def str_or_num_field(value: Any) -> str | None:
+def str_or_num_field(value: object) -> str | None:
     """For ids and labels, where a number (a Slurm job id, a replica index) is meaningful."""
     if isinstance(value, str):
         return value or None
@@ -20,7 +19,7 @@ def str_or_num_field(value: Any) -> str | None:
     return None
 
 
-def int_field(value: Any) -> int | None:
+def int_field(value: object) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -33,11 +32,11 @@ def int_field(value: Any) -> int | None:
     return None
 
 
-def dict_field(value: Any) -> dict[str, Any]:
+def dict_field(value: object) -> dict[str, object]:
     return value if isinstance(value, dict) else {}
 
 
-def flat_labels(value: Any) -> dict[str, str]:
+def flat_labels(value: object) -> dict[str, str]:
     """Scalar entries of a label map as strings (nested values are skipped)."""
     out: dict[str, str] = {}
     for key, item in dict_field(value).items():

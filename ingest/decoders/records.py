@@ -7,7 +7,6 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
-from typing import Any
 
 
 class DecodeError(ValueError):
@@ -108,7 +107,7 @@ class DecodedLines:
 
     def __init__(self, texts: list[str], records: list[RawRecord] | None = None,
                  make: Callable[[int], RawRecord] | None = None,
-                 stream: Callable[[int], tuple[Any, ...]] | None = None,
+                 stream: Callable[[int], tuple[object, ...]] | None = None,
                  runs: list[tuple[int, int]] | None = None, joined: str | None = None) -> None:
         self.texts = texts
         self.joined = joined  # "\n".join(texts), when the decoder had it at hand
@@ -131,7 +130,7 @@ class DecodedLines:
             record = self._records[index] = self._make(index)
         return record
 
-    def stream_key(self, index: int) -> tuple[Any, ...]:
+    def stream_key(self, index: int) -> tuple[object, ...]:
         """(host, rank, file, stream) of line `index`, without building its record when the decoder can
         say it directly (a ship batch: the batch's identity and the line's stream)."""
         if self._stream is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import cast
 
 from ingest import timestamps as tsu
 from ingest.decoders.records import DecodedLines, DecodeError, RawRecord, records_from_text, runs_of
@@ -19,7 +19,7 @@ from ingest.ship.wire_format import (
 )
 
 
-def decode_batch(obj: dict[str, Any], received_ts: datetime | None, max_line_bytes: int) -> list[RawRecord]:
+def decode_batch(obj: dict[str, object], received_ts: datetime | None, max_line_bytes: int) -> list[RawRecord]:
     try:
         batch = parse_batch(obj)
     except ShipFormatError as exc:
@@ -56,18 +56,18 @@ _TS_TYPES = frozenset({float, int, type(None)})
 _STREAM_TYPES = frozenset({str, type(None)})
 
 
-def batch_lines(obj: dict[str, Any], received_ts: datetime | None, max_line_bytes: int) -> DecodedLines | None:
+def batch_lines(obj: dict[str, object], received_ts: datetime | None, max_line_bytes: int) -> DecodedLines | None:
     """A ship batch's lines without a RawRecord per line, or None when the batch needs the exact,
     line-by-line path (a malformed batch, a text with a newline in it, a line that may need cutting):
     that path then decodes it, or raises the same DecodeError as always."""
-    ts_col: Sequence[Any]
-    stream_col: Sequence[Any]
+    ts_col: Sequence[object]
+    stream_col: Sequence[object]
     if obj.get("v") == SHIP_FORMAT_VERSION:
         try:
             texts, ts_col, stream_col = line_columns(obj)
         except ShipFormatError:
             return None
-        joined: str = obj["text"]
+        joined = cast(str, obj["text"])  # line_columns checked it
     else:
         raw_lines = obj.get("lines")
         if type(raw_lines) is not list or not raw_lines:
@@ -89,6 +89,9 @@ def batch_lines(obj: dict[str, Any], received_ts: datetime | None, max_line_byte
             return None  # a text with newlines in it: several records per line
     if not (set(map(type, ts_col)) <= _TS_TYPES and set(map(type, stream_col)) <= _STREAM_TYPES):
         return None
+    # The columns' types, checked in bulk just above (a check per value would cost more than the decoding)
+    ts_values = cast("Sequence[float | None]", ts_col)
+    stream_values = cast("Sequence[str | None]", stream_col)
     if max(map(len, texts)) * 4 > max_line_bytes:
         return None
     whole: str | None = joined  # the lines as one string, when no line below is changed or dropped
@@ -108,10 +111,10 @@ def batch_lines(obj: dict[str, Any], received_ts: datetime | None, max_line_byte
 
     def make(i: int) -> RawRecord:
         j = index[i] if index is not None else i
-        return _ship_record(batch, j, ts_col[j], stream_col[j], texts[i], received_ts)
+        return _ship_record(batch, j, ts_values[j], stream_values[j], texts[i], received_ts)
 
-    def stream(i: int) -> tuple[Any, ...]:
-        return (batch.host, batch.rank, batch.file, stream_col[index[i] if index is not None else i] or None)
+    def stream(i: int) -> tuple[object, ...]:
+        return (batch.host, batch.rank, batch.file, stream_values[index[i] if index is not None else i] or None)
 
     streams = stream_col if index is None else [stream_col[j] for j in index]
     return DecodedLines(texts, make=make, stream=stream, runs=runs_of(streams), joined=whole)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from ingest import timestamps as tsu
 from ingest.decoders.fields import add_k8s_labels, dict_field, flat_labels, str_field
 from ingest.decoders.records import RawRecord
 
 
-def fill_record(obj: Mapping[str, Any], rec: RawRecord) -> None:
+def fill_record(obj: Mapping[str, object], rec: RawRecord) -> None:
     """The record's identity, labels and time from the forwarder's fields (the caller took its text)."""
     k8s = dict_field(obj.get("kubernetes"))
     labels = flat_labels(k8s.get("pod_labels"))

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 
@@ -94,8 +93,8 @@ def _header(
     file: str | None,
     labels: Mapping[str, str] | None,
     offset: int | None = None,
-) -> dict[str, Any]:
-    header: dict[str, Any] = {"v": SHIP_FORMAT_VERSION, "source": SHIP_SOURCE}
+) -> dict[str, object]:
+    header: dict[str, object] = {"v": SHIP_FORMAT_VERSION, "source": SHIP_SOURCE}
     for key, value in (
         ("job_id", job_id),
         ("host", host),
@@ -135,7 +134,7 @@ def encode_batch(
                                     lines, version))
 
 
-def _with_lines(header: dict[str, Any], lines: Sequence[ShipLine], version: int = SHIP_FORMAT_VERSION) -> dict[str, Any]:
+def _with_lines(header: dict[str, object], lines: Sequence[ShipLine], version: int = SHIP_FORMAT_VERSION) -> dict[str, object]:
     """The header with the lines: joined (version 2), or a row per line when asked for or when a line
     holds a newline itself (version 2 cannot carry it)."""
     texts = [text for _, _, text in lines]
@@ -143,7 +142,7 @@ def _with_lines(header: dict[str, Any], lines: Sequence[ShipLine], version: int 
     if version == ROWS_FORMAT_VERSION or joined.count("\n") != len(texts) - 1:
         return {**header, "v": ROWS_FORMAT_VERSION, "lines": [[ts, stream, text] for ts, stream, text in lines]}
     body = {**header, "text": joined}
-    columns: tuple[tuple[str, list[Any]], ...] = (("ts", [ts for ts, _, _ in lines]), ("stream", [stream for _, stream, _ in lines]))
+    columns: tuple[tuple[str, list[object]], ...] = (("ts", [ts for ts, _, _ in lines]), ("stream", [stream for _, stream, _ in lines]))
     for key, column in columns:
         if column.count(column[0]) == len(column):
             if column[0] is not None:
@@ -195,15 +194,15 @@ def encode_batches(
     return out
 
 
-def _with_offset(header: dict[str, Any], offset: int | None, sent: int) -> dict[str, Any]:
+def _with_offset(header: dict[str, object], offset: int | None, sent: int) -> dict[str, object]:
     return header if offset is None else {**header, "offset": offset + sent}
 
 
-def is_ship_batch(obj: Mapping[str, Any]) -> bool:
+def is_ship_batch(obj: Mapping[str, object]) -> bool:
     return obj.get("source") == SHIP_SOURCE and ("text" in obj or "lines" in obj)
 
 
-def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
+def _opt_str(obj: Mapping[str, object], key: str) -> str | None:
     value = obj.get(key)
     if value is None:
         return None
@@ -214,7 +213,7 @@ def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
     raise ShipFormatError("bad_field", key)
 
 
-def _opt_int(obj: Mapping[str, Any], key: str) -> int | None:
+def _opt_int(obj: Mapping[str, object], key: str) -> int | None:
     value = obj.get(key)
     if value is None:
         return None
@@ -227,10 +226,10 @@ def _opt_int(obj: Mapping[str, Any], key: str) -> int | None:
     raise ShipFormatError("bad_field", key)
 
 
-def parse_batch(obj: Mapping[str, Any]) -> ShipBatch:
+def parse_batch(obj: Mapping[str, object]) -> ShipBatch:
     """Validate a decoded JSON object in this format. Raises ShipFormatError(reason)."""
     version = obj.get("v", SHIP_FORMAT_VERSION if "text" in obj else ROWS_FORMAT_VERSION)
-    raw_lines: Any
+    raw_lines: object
     if version == SHIP_FORMAT_VERSION:
         raw_lines = joined_rows(obj)
     elif version == ROWS_FORMAT_VERSION:
@@ -272,14 +271,14 @@ def parse_batch(obj: Mapping[str, Any]) -> ShipBatch:
     )
 
 
-def line_columns(obj: Mapping[str, Any]) -> tuple[list[str], Sequence[Any], Sequence[Any]]:
+def line_columns(obj: Mapping[str, object]) -> tuple[list[str], Sequence[object], Sequence[object]]:
     """A version 2 batch's texts, and its ts and stream per line (as sent: types are the caller's to
     check). Raises ShipFormatError when text is missing or a column's length is not the lines'."""
     text = obj.get("text")
     if not isinstance(text, str):
         raise ShipFormatError("bad_field", "text")
     texts = text.split("\n")
-    columns: list[Sequence[Any]] = []
+    columns: list[Sequence[object]] = []
     for key in ("ts", "stream"):
         value = obj.get(key)
         if isinstance(value, list):
@@ -291,7 +290,7 @@ def line_columns(obj: Mapping[str, Any]) -> tuple[list[str], Sequence[Any], Sequ
     return texts, columns[0], columns[1]
 
 
-def joined_rows(obj: Mapping[str, Any]) -> list[list[Any]]:
+def joined_rows(obj: Mapping[str, object]) -> list[list[object]]:
     """A version 2 batch as version 1's rows, [ts, stream, text] each."""
     texts, ts_col, stream_col = line_columns(obj)
     return [list(row) for row in zip(ts_col, stream_col, texts, strict=True)]

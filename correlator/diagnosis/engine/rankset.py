@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
@@ -78,8 +77,8 @@ class RankSet:
         return cls(bits=int(text, 16) if text else 0)
 
     @classmethod
-    def __get_pydantic_core_schema__(cls, _source: Any, _handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        def validate(value: Any) -> RankSet:
+    def __get_pydantic_core_schema__(cls, _source: object, _handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        def validate(value: object) -> RankSet:
             if isinstance(value, RankSet):
                 return value
             if isinstance(value, str):
@@ -89,5 +88,5 @@ class RankSet:
             raise ValueError("a rank set is a hex bitmap string or a list of ranks")
 
         return core_schema.no_info_plain_validator_function(
-            validate, serialization=core_schema.plain_serializer_function_ser_schema(lambda v: v.to_hex())
+            validate, serialization=core_schema.plain_serializer_function_ser_schema(RankSet.to_hex)
         )
