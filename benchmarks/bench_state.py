@@ -81,11 +81,10 @@ def failure_events(job: str, ranks: int, t0: float, round_index: int, oom_round:
             offset=round_index * 10_000))
     elif round_index in (oom_round + 1, oom_round + 3):  # the watchdog reports, then repeats itself
         at = datetime.fromtimestamp(t0 + 600 + round_index, tz=UTC)
-        for rank in range(ranks):
-            if rank != culprit:
-                out.append(LogEvent.model_construct(
-                    job_id=job, host=f"{job}-node-{rank // 8}", rank=rank, local_rank=rank % 8, pid=40000 + rank,
-                    ts=at, line=TIMEOUT.format(rank=rank), source="bench", offset=round_index * 10_000 + rank))
+        out.extend(LogEvent.model_construct(
+            job_id=job, host=f"{job}-node-{rank // 8}", rank=rank, local_rank=rank % 8, pid=40000 + rank,
+            ts=at, line=TIMEOUT.format(rank=rank), source="bench", offset=round_index * 10_000 + rank)
+            for rank in range(ranks) if rank != culprit)
     return out
 
 

@@ -14,7 +14,8 @@ CHATTER = [
     "[rank{r}]:[I{md} {hms}.{us} train.py:412] step {s} loss {loss:.4f} lr 3.0e-04 grad_norm {g:.3f} tokens/s 41234",
     "{host}:{pid}:{tid} [{gpu}] NCCL INFO Channel {c:02d}/24 : 0[{gpu}] -> 1[{gpu}] via P2P/CUMEM/read",
     "Epoch {e}:  {p}%|████▍     | {s}/500150 [6:28:43<94:39:17,  1.37it/s, loss={loss:.3f}, v_num=95nc]",
-    "[default{lr}]:[2026-03-14 09:{mm:02d}:{ss:02d},{ms:03d}] [INFO] [logging.py:96:log_dist] [Rank {r}] step={s}, skipped=0, lr=[0.0003], mom=[(0.9, 0.95)]",
+    ("[default{lr}]:[2026-03-14 09:{mm:02d}:{ss:02d},{ms:03d}] [INFO] [logging.py:96:log_dist] [Rank {r}] step={s}, "
+     "skipped=0, lr=[0.0003], mom=[(0.9, 0.95)]"),
     "[rank{r}]: {{'loss': {loss:.4f}, 'grad_norm': {g:.4f}, 'learning_rate': 2.9e-05, 'epoch': 1.{s}}}",
     "{host}:{pid}:{pid} [{gpu}] NCCL INFO cudaDriverVersion 12040",
     "(RayWorkerWrapper pid={pid}, ip=10.0.{c}.{gpu}) INFO worker.py:1432 -- Task finished in 0.{ms}s",

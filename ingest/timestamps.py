@@ -71,8 +71,8 @@ def build(
     try:
         if tz is None or tz == "Z" or tz == "z":
             return datetime(year, month, day, hour, minute, min(second, 59), micro, UTC)
-        naive = datetime(year, month, day, hour, minute, min(second, 59), micro)
-        return (naive - tz_offset(tz)).replace(tzinfo=UTC)
+        local = datetime(year, month, day, hour, minute, min(second, 59), micro, UTC)  # at the offset `tz`
+        return local - tz_offset(tz)
     except (OverflowError, ValueError):
         return None
 
@@ -84,7 +84,7 @@ _now_cache: tuple[float, int, tuple[int, int], int] = (-1.0, 0, (0, 0), 0)
 
 def guess_year(month: int, day: int, year: int | None, now: datetime | None = None) -> int:
     """The year of a year-less timestamp: the given one, else this year unless that is in the future."""
-    global _now_cache
+    global _now_cache  # noqa: PLW0603 - replaced whole at most once a second; readers need no lock
     if year is not None:
         return year
     if now is None:

@@ -8,8 +8,7 @@ from pathlib import Path
 import click
 
 from correlator.cli.rules import load_ruleset_or_report
-from correlator.diagnosis.models import SEVERITIES, SEVERITY_RANK
-
+from correlator.diagnosis.models import SEVERITIES, SEVERITY_RANK, Incident, Signal
 
 EXIT_CODES = """\b
 Exit codes (the same for every --format):
@@ -64,7 +63,13 @@ def diagnose(paths: tuple[str, ...], output_format: str, output: str | None, fai
     collecting = gc.isenabled()
     gc.disable()
     try:
-        from correlator.offline.diagnose import Diagnoser, DiagnoseStats, InputError, default_jobs, iter_sources
+        from correlator.offline.diagnose import (
+            Diagnoser,
+            DiagnoseStats,
+            InputError,
+            default_jobs,
+            iter_sources,
+        )
 
         ruleset = load_ruleset_or_report(rules_dir)
         if ruleset is None:
@@ -86,7 +91,13 @@ def diagnose(paths: tuple[str, ...], output_format: str, output: str | None, fai
     try:
         if show_progress:
             from rich.console import Console
-            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
 
             err = Console(stderr=True)
             with Progress(
@@ -126,7 +137,7 @@ def diagnose(paths: tuple[str, ...], output_format: str, output: str | None, fai
     return 0
 
 
-def _write(output_format: str, output: str | None, incidents: list, signals: list, empty: bool) -> None:  # type: ignore[type-arg]
+def _write(output_format: str, output: str | None, incidents: list[Incident], signals: list[Signal], empty: bool) -> None:
     """The report in its format, to FILE or stdout."""
     import io
 

@@ -40,14 +40,14 @@ def incidents(query: tuple[str, ...], job: str | None, failure_class: str | None
     from elastic_transport import TransportError
     from elasticsearch import ApiError
 
+    from correlator.sinks.elasticsearch.client import make_client
+    from correlator.sinks.elasticsearch.indices import incidents_names
     from correlator.sinks.elasticsearch.search import (
         IncidentFilter,
         format_incident_rows,
         parse_since,
         search_incidents,
     )
-    from correlator.sinks.elasticsearch.client import make_client
-    from correlator.sinks.elasticsearch.indices import incidents_names
 
     settings = load_cli_settings(config, es_url=es_url, use_context=True)
     try:
@@ -182,6 +182,7 @@ def hosts(since: str, min_jobs: int, classes: str | None, output_format: str, as
     from elastic_transport import TransportError
     from elasticsearch import ApiError
 
+    from correlator.sinks.elasticsearch.client import make_client
     from correlator.sinks.elasticsearch.fleet import (
         find_offenders,
         format_offenders,
@@ -190,9 +191,8 @@ def hosts(since: str, min_jobs: int, classes: str | None, output_format: str, as
         post_drain_list,
         remember_reported,
     )
-    from correlator.sinks.elasticsearch.search import parse_since
-    from correlator.sinks.elasticsearch.client import make_client
     from correlator.sinks.elasticsearch.indices import incidents_names
+    from correlator.sinks.elasticsearch.search import parse_since
 
     settings = load_cli_settings(config, es_url=es_url, use_context=True)
     try:

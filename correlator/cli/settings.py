@@ -88,7 +88,7 @@ def _file_data(config: str | None) -> dict[str, Any]:
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> Iterator[str]:
     for key, value in data.items():
-        if isinstance(value, dict) and value and key not in ("receivers",):
+        if isinstance(value, dict) and value and key != "receivers":
             yield from _flatten(value, f"{prefix}{key}.")
         yield f"{prefix}{key}"
 
@@ -131,7 +131,7 @@ def load_with_sources(config: str | None, *, es_url: str | None = None, bootstra
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     path = config_file_path(config)
-    sources: dict[str, str] = {name: f"file {path}" for name in _flatten(_file_data(config))}
+    sources: dict[str, str] = dict.fromkeys(_flatten(_file_data(config)), f"file {path}")
     sources.update({name: f"env {var}" for name, var in env_setting_names().items()})
     context = None
     if use_context:

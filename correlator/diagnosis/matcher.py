@@ -7,6 +7,7 @@ and `extract` regexes run in Python only on the few lines that hit.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import operator
@@ -29,6 +30,8 @@ ExprRole = Literal["main", "after", "end"]
 Buffer = bytes | mmap.mmap
 # hyperscan's match callback: (expression id, from, to, flags, context) -> True to stop the scan
 MatchHandler = Callable[[int, int, int, int, object], bool | None]
+# scan_routine's databases: the metric expressions', and per progress id (its line's, its first match's)
+RunDatabases = tuple[hyperscan.Database | None, dict[int, tuple[hyperscan.Database, hyperscan.Database]]]
 
 FREQUENT_CAP = 1024
 # From this size on, scan_split scans a buffer once with both databases' expressions in one database:
@@ -138,7 +141,7 @@ class Matcher:
         self.routine_expressions = routine
         # For scan_routine's runs, built on first use: the metric patterns alone, and per progress id a
         # database that reports each line and one that reports the first match only.
-        self._run_databases: tuple[hyperscan.Database | None, dict[int, tuple[hyperscan.Database, hyperscan.Database]]] | None = None
+        self._run_databases: RunDatabases | None = None
         self._local = threading.local()
         if use_cache:
             store_databases(ruleset, self._new_databases)
@@ -168,7 +171,7 @@ class Matcher:
                 db = hyperscan.loadb(blob, hyperscan.HS_MODE_BLOCK)
                 db.scratch = hyperscan.Scratch(db)
                 return db
-            except Exception:
+            except hyperscan.error:
                 pass  # compiled below, and stored again
         path = cache_dir() / f"hs-{key}.db"
         if use_cache and path.exists():
@@ -178,7 +181,7 @@ class Matcher:
                 db.scratch = hyperscan.Scratch(db)  # a deserialized database comes without scratch space
                 self._new_databases[key] = blob
                 return db
-            except Exception:
+            except (OSError, hyperscan.error):
                 pass  # a stale or torn cache file is rebuilt below
         db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         db.compile(expressions=patterns, ids=ids, flags=flags)
@@ -322,10 +325,8 @@ class Matcher:
             if found:
                 return start + found[-1]
             if not checked and start > lo:
-                try:
+                with contextlib.suppress(hyperscan.ScanTerminated):  # on_first stops it at its first match
                     _scan(first, view[lo:start], on_first, self._scratch_for(first))
-                except hyperscan.ScanTerminated:
-                    pass  # on_first stopped it
                 if not found:
                     return None
                 found.clear()
@@ -398,11 +399,8 @@ class Matcher:
             else:
                 plain.append(item)
         for expr_id, items in frequent.items():
-            if len(items) > frequent_cap:
-                role = self.exprs[expr_id].role
-                if role == "end":
-                    items = items[-frequent_cap:]
-            plain.extend(items)
+            capped = len(items) > frequent_cap and self.exprs[expr_id].role == "end"
+            plain.extend(items[-frequent_cap:] if capped else items)
         seen: set[tuple[int, int, str]] = set()
         out: list[Hit] = []
         exprs = self.exprs

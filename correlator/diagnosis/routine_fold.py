@@ -37,7 +37,7 @@ def fold_peaks(peaks: MutableMapping[K, Peak], keys: Sequence[K], highs: Sequenc
         if current is None:
             peaks[key] = [high, at, low]
             continue
-        if high > current[0] or high == current[0] and at < current[1]:
+        if high > current[0] or (high == current[0] and at < current[1]):
             current[0], current[1] = high, at
         if low < current[2]:
             current[2] = low

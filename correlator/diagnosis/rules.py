@@ -172,7 +172,8 @@ class Rule(BaseModel):
                 raise ValueError(f"a signature rule needs {', '.join(missing)}")
         else:
             if self.fact is None:
-                raise ValueError("a fact rule needs `fact` (progress, world_size, heartbeat, step, checkpoint, identity, restart, completion, collective)")
+                raise ValueError("a fact rule needs `fact` (progress, world_size, heartbeat, step, checkpoint, identity, "
+                                 "restart, completion, collective)")
         if self.confidence in TIER_BOUNDARIES:
             raise ValueError(
                 f"confidence {self.confidence} sits on a tier boundary {TIER_BOUNDARIES}: a rule there wins or loses by "
@@ -244,13 +245,13 @@ def _collect_lines(node: yaml.Node, lines: dict[Location, int], path: Location) 
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
-            key_path = path + (key_node.value,)
+            key_path = (*path, key_node.value)
             lines[key_path] = key_node.start_mark.line + 1
             _collect_lines(value_node, lines, key_path)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            lines[path + (i,)] = item.start_mark.line + 1
-            _collect_lines(item, lines, path + (i,))
+            lines[(*path, i)] = item.start_mark.line + 1
+            _collect_lines(item, lines, (*path, i))
 
 
 def load_yaml_with_lines(path: Path) -> tuple[object, dict[Location, int]]:
@@ -287,10 +288,11 @@ def load_classes(path: Path) -> dict[str, FailureClass]:
 
 
 def _hyperscan_problem(pattern: str, caseless: bool) -> str | None:
+    import hyperscan
 
     try:
         compile_single(pattern, caseless=caseless)
-    except Exception as exc:  # hyperscan.error carries the compiler's message
+    except hyperscan.error as exc:  # it carries the compiler's message
         return str(exc) or type(exc).__name__
     return None
 
@@ -319,7 +321,7 @@ def _all_compile(rule: Rule) -> bool:
     try:
         db.compile(expressions=[p.encode("utf-8") for p in patterns], ids=list(range(len(patterns))),
                    flags=[pattern_flags(rule.caseless)] * len(patterns))
-    except Exception:  # which pattern is wrong is found one by one, for file:line
+    except hyperscan.error:  # which pattern is wrong is found one by one, for file:line
         return False
     return True
 
@@ -409,7 +411,7 @@ def _whole_set_compiles(files: list[Path], classes: dict[str, FailureClass]) -> 
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
     try:
         db.compile(expressions=patterns, ids=list(range(len(patterns))), flags=flags)
-    except Exception:
+    except hyperscan.error:
         return False
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)

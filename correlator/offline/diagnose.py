@@ -74,7 +74,7 @@ class Source:
 
 
 def _open_file(path: Path) -> BinaryReader:
-    return open(path, "rb")  # noqa: SIM115 - the caller closes it (Source.open)
+    return open(path, "rb")
 
 
 def _open_gzip(path: Path) -> BinaryReader:
@@ -120,7 +120,7 @@ def _looks_binary(head: bytes) -> bool:
 
 def _looks_json_lines(head: bytes) -> bool:
     stripped = head.lstrip()
-    return stripped.startswith(b"{") and b"}\n" in head[:65536] or (stripped.startswith(b"{") and head.rstrip().endswith(b"}"))
+    return (stripped.startswith(b"{") and b"}\n" in head[:65536]) or (stripped.startswith(b"{") and head.rstrip().endswith(b"}"))
 
 
 class Diagnoser:
@@ -244,7 +244,7 @@ class Diagnoser:
                            for lo, hi in regions)
             out: list[Signal] = []
             routine = RoutineAggregate()
-            for (lo, hi), (signals, lines_hit, acc) in zip(regions, results):
+            for (lo, hi), (signals, lines_hit, acc) in zip(regions, results, strict=True):
                 out.extend(signals)
                 routine.merge(acc)
                 stats.lines_hit += lines_hit + acc.lines
@@ -418,7 +418,11 @@ class Diagnoser:
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
-        from ingest.decoders import DecodeError, decode_value, to_event  # the forwarders' formats: JSON input only
+        from ingest.decoders import (  # the forwarders' formats: JSON input only
+            DecodeError,
+            decode_value,
+            to_event,
+        )
 
         out: list[Signal] = []
         events: list[LogEvent] = []
@@ -434,8 +438,7 @@ class Diagnoser:
             except DecodeError:
                 stats.decode_errors += 1
                 continue
-            for record in records:
-                events.append(to_event(record, default_job=job_id, offset=lineno))
+            events.extend(to_event(record, default_job=job_id, offset=lineno) for record in records)
             if len(events) >= 4096:
                 out.extend(self._from_events(events, job_id, file_index))
                 events = []
@@ -519,15 +522,14 @@ def _str_or_none(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-_DEFAULT: Diagnoser | None = None
+@functools.cache
+def _default_diagnoser() -> Diagnoser:
+    return Diagnoser()
 
 
 def diagnose_paths(paths: list[str], job_id: str | None = None) -> list[Incident]:
     """Library entry point: the incidents of the job formed by `paths`, primary first."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = Diagnoser()
-    incidents, _ = _DEFAULT.diagnose(paths, job_id)
+    incidents, _ = _default_diagnoser().diagnose(paths, job_id)
     return incidents
 
 
@@ -581,7 +583,7 @@ def _merge_routine(signals: list[Signal]) -> list[Signal]:
                 progress[key] = signal
             continue
         if metric_of(signal) is None:  # no number to compare: kept as it is
-            metric.setdefault(key + (signal.order,), signal)
+            metric.setdefault((*key, signal.order), signal)
             continue
         seen = metric.get(key)
         merged = None if seen is None else merge_metric_signals(seen, signal)
@@ -610,7 +612,7 @@ def _fork_pool(diagnoser: Diagnoser, processes: int) -> multiprocessing.pool.Poo
     """Processes forked from this one: they inherit the compiled rule set instead of loading it again."""
     import multiprocessing  # only for a file large enough to scan in several processes
 
-    global _FORKED
+    global _FORKED  # noqa: PLW0603 - what the forked scan processes inherit, set before the fork
     _FORKED = diagnoser
     return multiprocessing.get_context("fork").Pool(processes)
 

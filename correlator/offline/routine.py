@@ -117,7 +117,7 @@ class RoutineAggregator:
             keys[first] = b"\n" + bytes(buf[0:_KEY])
             first += 1
         prefix = self._rank_prefix
-        bad = {key for key in set(keys) if prefix(key) is None}  # type: ignore[arg-type]
+        bad = {key for key in set(keys) if isinstance(key, bytes) and prefix(key) is None}  # every key is bytes here
         if bad:
             for at in compress(range(len(keys)), map(bad.__contains__, keys)):
                 keys[at] = self._slow_key(buf, starts[at], hi)
@@ -126,8 +126,8 @@ class RoutineAggregator:
     def _add_progress(self, buf: Buffer, lo: int, hi: int, r: int, ends: list[int], acc: RoutineAggregate) -> None:
         """Progress hits (of routine id base + `r`) end at their line's end: each process's latest line start."""
         starts, keys = self._keys(buf, lo, hi, ends)
-        latest = dict(zip(keys, starts))  # in buffer order: the last one stays
-        acc.progress.update(zip(zip(repeat(r), latest), latest.values()))
+        latest = dict(zip(keys, starts, strict=True))  # in buffer order: the last one stays
+        acc.progress.update(zip(zip(repeat(r), latest), latest.values(), strict=True))
 
     def _add_metric(self, buf: Buffer, lo: int, hi: int, r: int, ends: list[int], acc: RoutineAggregate) -> None:
         """Metric hits (of routine id base + `r`), in bulk: line starts, keys and values with C-level maps,
@@ -159,9 +159,10 @@ class RoutineAggregator:
         if regex is None:
             return [self._value(buf, start, hi, r) for start in starts]
         # The match ends at `to`, the value just before it: search the last _VALUE_WINDOW bytes only.
-        found = list(map(partial(regex.search, buf), [max(s, to - _VALUE_WINDOW) for s, to in zip(starts, ends)], ends))
+        windows = [max(s, to - _VALUE_WINDOW) for s, to in zip(starts, ends, strict=True)]
+        found = list(map(partial(regex.search, buf), windows, ends))
         return [float(m.group(name)) if m is not None else self._value(buf, start, hi, r)
-                for m, start in zip(found, starts)]
+                for m, start in zip(found, starts, strict=True)]
 
     def _process(self, key: ProcessKey) -> ProcessKey:
         """A key as the process it names: a rank's prefix for the bytes keys, the identity tuple otherwise."""
@@ -212,9 +213,8 @@ class RoutineAggregator:
             by_rule.setdefault(rule_index, []).append(entry)
         for rule_index, entries in by_rule.items():
             entries.sort(key=lambda e: (e[0], e[1]))
-            if len(entries) > 2 * METRIC_KEEP:
-                entries = entries[:METRIC_KEEP] + entries[-METRIC_KEEP:]
-            for high, at, low in sorted(entries, key=lambda e: e[1]):
+            kept = entries if len(entries) <= 2 * METRIC_KEEP else entries[:METRIC_KEEP] + entries[-METRIC_KEEP:]
+            for high, at, low in sorted(kept, key=lambda e: e[1]):
                 del high
                 start = int(at)
                 out.append((Hit(start, line_end(start), rule_index, "main"), low))

@@ -98,7 +98,8 @@ def print_incidents(incidents: Sequence[Incident], console: Console | None = Non
             shown = incident.collateral if detail else incident.collateral[:8]
             for c in shown:
                 ranks = _ranges(c.ranks)
-                rows.append(f"{c.class_}: {c.count} line(s)" + (f" on {_count(len(c.ranks), 'rank')} [{ranks}]" if c.ranks else ""))
+                where = f" on {_count(len(c.ranks), 'rank')} [{ranks}]" if c.ranks else ""
+                rows.append(f"{c.class_}: {c.count} line(s){where}")
             others = other_ranks(incident)
             if others:
                 rows.append(f"{_count(others, 'other rank')} in all")

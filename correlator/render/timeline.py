@@ -56,12 +56,9 @@ def _fill_ranks(signals: Sequence[Signal]) -> list[Signal]:
     for s in signals:
         if s.kind == "fact" and "comm_rank" in s.fields and s.host and s.pid is not None:
             mapping.setdefault((s.host, s.pid), int(s.fields["comm_rank"]))
-    out = []
-    for s in signals:
-        if s.rank is None and s.host and s.pid is not None and (s.host, s.pid) in mapping:
-            s = s.model_copy(update={"rank": mapping[(s.host, s.pid)]})
-        out.append(s)
-    return out
+    return [s.model_copy(update={"rank": mapping[(s.host, s.pid)]})
+            if s.rank is None and s.host and s.pid is not None and (s.host, s.pid) in mapping else s
+            for s in signals]
 
 
 def _corrected_times(signals: Sequence[Signal], offsets: dict[str, float]) -> dict[int, float | None]:

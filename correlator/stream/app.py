@@ -203,7 +203,7 @@ def _build_match(app: faust.App, settings: Settings, pipeline: Pipeline) -> None
                             max_records=engine.match_max_records, beacon=app.beacon)
     app.match_reader = reader  # type: ignore[attr-defined]  # the metrics page and /readyz ask it
 
-    @app.task  # type: ignore[untyped-decorator]
+    @app.task  # type: ignore[untyped-decorator]  # faust's decorators carry no types
     async def start_match_reader() -> None:
         await app.add_runtime_dependency(reader)
 

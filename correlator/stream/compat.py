@@ -124,7 +124,7 @@ def _install_fetch_wait_hook() -> None:
             consumer._fetch_max_wait_ms = int(wait_ms)  # read by AIOKafkaConsumer.start() for its Fetcher
         return consumer
 
-    setattr(thread_cls, "_create_worker_consumer", create_worker_consumer)  # noqa: B010
+    setattr(thread_cls, "_create_worker_consumer", create_worker_consumer)  # noqa: B010 - the patch itself, not a checked assignment
     setattr(thread_cls, _HOOKED_FLAG, True)
 
 
@@ -144,14 +144,14 @@ def hold_fetched_records_across_rebalance_completion(app: faust.App) -> None:
     wait in the conductor and enter the buffers after the clear. Found by the webhook rebalance test
     (tests/integration/test_webhooks_stream.py); it applies to every role's app."""
 
-    @app.on_rebalance_complete.connect  # type: ignore[arg-type]
+    @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's receiver type (a generic `signal` keyword) cannot be met; faust calls it (sender, ..., signal=...)
     async def hold_buffers(sender: Any, *args: Any, **kwargs: Any) -> None:
         app.flow_control.suspend()
 
 
 def _aiokafka_consumer(app: faust.App) -> Any:
     """faust's aiokafka consumer; raises (ConsumerNotStarted) before faust's consumer thread made it."""
-    return app.consumer._thread._ensure_consumer()  # type: ignore[attr-defined]
+    return app.consumer._thread._ensure_consumer()  # type: ignore[attr-defined]  # faust's private attribute: what this module is for (see its docstring)
 
 
 def faust_consumer_connected(app: faust.App) -> bool:
@@ -175,14 +175,14 @@ def aiokafka_consumer_connected(consumer: Any) -> bool:
 
 def faust_read_offset(app: faust.App, tp: Any) -> int | None:
     """The offset of the last record of `tp` faust handed to a stream (None: none since the last seek)."""
-    read: int | None = app.consumer._read_offset.get(tp)  # type: ignore[attr-defined]
+    read: int | None = app.consumer._read_offset.get(tp)  # type: ignore[attr-defined]  # faust's private attribute: what this module is for (see its docstring)
     return read
 
 
 async def faust_committed_offset(app: faust.App, tp: Any) -> int | None:
     """The offset `app`'s group committed for `tp` (None or negative: never committed), asked on
     faust's consumer thread like faust's own calls into aiokafka."""
-    thread = app.consumer._thread  # type: ignore[attr-defined]
+    thread = app.consumer._thread  # type: ignore[attr-defined]  # faust's private attribute: what this module is for (see its docstring)
     client = thread._ensure_consumer()
     committed: int | None = await thread.call_thread(client.committed, tp)
     return committed
@@ -190,6 +190,6 @@ async def faust_committed_offset(app: faust.App, tp: Any) -> int | None:
 
 async def faust_producer_partitions_for(app: faust.App, topic: str) -> set[int]:
     """The partitions of `topic`, fetching its metadata into `app`'s producer if it has none yet."""
-    producer = app.producer._ensure_producer()  # type: ignore[attr-defined]
+    producer = app.producer._ensure_producer()  # type: ignore[attr-defined]  # faust's private attribute: what this module is for (see its docstring)
     partitions: set[int] = await producer.partitions_for(topic)
     return partitions

@@ -127,7 +127,7 @@ def count_dead_letters(stage: str, letters: Iterable[dict[str, Any]]) -> None:
     for letter in letters:
         reason = REASONS(letter.get("reason"))
         DEAD_LETTERS.labels(stage, reason).inc()
-        if stage == "match" and reason not in ("extract_error",):
+        if stage == "match" and reason != "extract_error":
             DECODE_FAILURES.labels(reason).inc()
 
 
@@ -320,7 +320,8 @@ def metrics_wsgi_app(registry: Collector = REGISTRY) -> WSGIApp:
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path in _METRICS_PATHS:
-            return exposition(environ, start_response)  # type: ignore[no-any-return]
+            page: Iterable[bytes] = exposition(environ, start_response)  # prometheus_client has no type for it
+            return page
         if path in _HEALTH_PATHS:
             status, ctype, body = "200 OK", "application/json", b'{"alive": true}'
         else:

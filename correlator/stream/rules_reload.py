@@ -137,7 +137,7 @@ class RuleReloader:
         SIGHUP handler (once per process)."""
         tick = interval_s if interval_s > 0 else 1.0
 
-        @app.timer(tick, name=f"{app.conf.id}.rules_reload")  # type: ignore[untyped-decorator]
+        @app.timer(tick, name=f"{app.conf.id}.rules_reload")  # type: ignore[untyped-decorator]  # faust's decorators carry no types
         async def rules_reload() -> None:
             self.install_hup()
             if interval_s > 0 or self.hup_requested:

@@ -13,6 +13,7 @@ Location: $ROOTRANK_CONTEXT, else $XDG_CONFIG_HOME/rootrank/context.json (~/.con
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -94,7 +95,5 @@ def remove_context(pid: int, path: Path | None = None) -> None:
     path = path or context_path()
     current = read_context(path, require_alive=False)
     if current is not None and current.pid == pid:
-        try:
+        with contextlib.suppress(OSError):
             path.unlink()
-        except OSError:
-            pass

@@ -10,6 +10,7 @@ exits 0 when the initiator is rank 37.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -66,8 +67,8 @@ def run(keep: Path | None = None, timeout_s: float = 90.0) -> int:
     from correlator.offline.diagnose import Diagnoser
     from correlator.render.html import render_incident_html
     from correlator.render.text import print_incidents
-    from correlator.sinks.elasticsearch.search import IncidentFilter, incidents_query, search_incidents
     from correlator.sinks.elasticsearch.indices import incidents_names, install_templates
+    from correlator.sinks.elasticsearch.search import IncidentFilter, incidents_query, search_incidents
     from correlator.sinks.webhooks.receivers.generic_json import generate_secret
     from correlator.stream.setup_topics import ensure_topics
     from correlator.tooling.simulate import log_paths, simulate_demo
@@ -193,10 +194,8 @@ def run(keep: Path | None = None, timeout_s: float = 90.0) -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(worker.pid, signal.SIGKILL)
         for stop in reversed(stops):
-            try:
+            with contextlib.suppress(Exception):  # keep stopping the others
                 stop()
-            except Exception:  # noqa: BLE001 - keep stopping the others
-                pass
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -7,6 +7,7 @@ Webhooks signatures (production: Slack, PagerDuty, any HTTPS endpoint).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from dataclasses import dataclass, field
@@ -83,10 +84,8 @@ class _Refresher:
 
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         while not self._stop.wait(self.interval_s):
-            try:
+            with contextlib.suppress(OSError):  # stopping, or busy: the next tick refreshes
                 opener.open(urllib.request.Request(self.url, data=b"", method="POST"), timeout=5).close()
-            except OSError:
-                pass  # stopping, or busy: the next tick refreshes
 
 
 @dataclass

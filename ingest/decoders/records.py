@@ -7,6 +7,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
+from typing import cast
 
 
 class DecodeError(ValueError):
@@ -56,12 +57,8 @@ def split_lines(text: str) -> list[str]:
     if "\n" not in text:
         line = text.removesuffix("\r")
         return [line] if line.strip() else []
-    out = []
-    for line in text.split("\n"):
-        line = line.removesuffix("\r")
-        if line.strip():
-            out.append(line)
-    return out
+    lines = (line.removesuffix("\r") for line in text.split("\n"))
+    return [line for line in lines if line.strip()]
 
 
 def records_from_text(text: str, template: RawRecord, max_line_bytes: int) -> list[RawRecord]:
@@ -70,8 +67,8 @@ def records_from_text(text: str, template: RawRecord, max_line_bytes: int) -> li
 
 def records_from_lines(lines: list[str], template: RawRecord, max_line_bytes: int) -> list[RawRecord]:
     out: list[RawRecord] = []
-    for line in lines:
-        line, cut = truncate(line, max_line_bytes)
+    for whole in lines:
+        line, cut = truncate(whole, max_line_bytes)
         labels = dict(template.labels)
         if cut:
             labels["truncated"] = "1"
@@ -111,7 +108,9 @@ class DecodedLines:
                  runs: list[tuple[int, int]] | None = None, joined: str | None = None) -> None:
         self.texts = texts
         self.joined = joined  # "\n".join(texts), when the decoder had it at hand
-        self._records: list[RawRecord | None] = records if records is not None else [None] * len(texts)  # type: ignore[assignment]
+        # A given list is only read (record() fills the None entries of a list made here, never a given one).
+        self._records: list[RawRecord | None] = (
+            cast("list[RawRecord | None]", records) if records is not None else [None] * len(texts))
         self._make = make
         self._stream = stream
         self._runs = runs

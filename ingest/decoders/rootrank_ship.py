@@ -79,7 +79,7 @@ def batch_lines(obj: dict[str, object], received_ts: datetime | None, max_line_b
             return None
         # Rows of three: lists, or strings/objects that fail the column type checks below.
         # (zip's strict=True would check the lengths too, but is ten times slower here.)
-        ts_col, stream_col, text_col = zip(*raw_lines)
+        ts_col, stream_col, text_col = zip(*raw_lines, strict=False)
         texts = list(text_col)
         try:
             joined = "\n".join(texts)

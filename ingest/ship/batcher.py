@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import operator
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from ingest.ship.chunks import Chunk, ChunkQueue, Source
+from ingest.ship.chunks import Chunk, Source
 from ingest.ship.options import ShipOptions, ShipStats
 from ingest.ship.positions import BacklogFile, Positions
 from ingest.ship.sender import Message, Sender
 from ingest.ship.wire_format import MAX_BATCH_BYTES, encode_batch, encode_batches
+
+
+class Chunks(Protocol):
+    """Where the batcher takes its chunks from: the readers' queue (ChunkQueue), or the frames a wrapped
+    command's shipper process receives (FrameQueue)."""
+
+    def get(self, timeout: float) -> Chunk | None: ...
 
 
 @dataclass(slots=True)
@@ -36,7 +45,7 @@ class _Batch:
 class Batcher:
     """Chunks -> lines -> messages, one open batch per source; flushes on size and on linger time."""
 
-    def __init__(self, options: ShipOptions, sources: dict[int, Source], queue: ChunkQueue, sender: Sender,
+    def __init__(self, options: ShipOptions, sources: dict[int, Source], queue: Chunks, sender: Sender,
                  positions: Positions | None, stats: ShipStats, backlog: dict[int, BacklogFile] | None = None) -> None:
         self.options = options
         # Per file with a backlog: its inode and the position credited so far, and the rest of its backlog.
@@ -218,9 +227,7 @@ class Batcher:
             on_durable = None
             if self.positions is not None and batch.position is not None and index == len(values) - 1:
                 self.positions.expect(source.name, seq, batch.position)
-                name = source.name
-                positions = self.positions
-                on_durable = lambda s, name=name, positions=positions: positions.durable(name, s)
+                on_durable = functools.partial(self.positions.durable, source.name)
             lines = len(batch.lines) if len(values) == 1 else (len(batch.lines) if index == 0 else 0)
             self.sender.submit(Message(seq, key, value, now_ms, lines, on_durable,
                                        backlog_bytes if index == len(values) - 1 else 0, source.file is not None))

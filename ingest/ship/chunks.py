@@ -118,7 +118,7 @@ class ChunkQueue:
         with self._lock:
             waited = False
             while stop is not None and (self._overflowing()
-                                        or self._bytes and self._bytes + len(chunk.data) > self.max_bytes):
+                                        or (self._bytes and self._bytes + len(chunk.data) > self.max_bytes)):
                 if stop.is_set() or self._consumer_gone:
                     return False
                 if not waited:

@@ -52,8 +52,8 @@ def pipe_reader(fd: int, source: Source, queue: ChunkQueue, passthrough_fd: int 
             data = b""
         if not data:
             break
-        if passing:
-            passing = _write_all(passthrough_fd, data)  # type: ignore[arg-type]
+        if passing and passthrough_fd is not None:
+            passing = _write_all(passthrough_fd, data)
         queue.put(Chunk(source.id, data, time.time()))
     queue.put(Chunk(source.id, b"", time.time(), eof=True))
 

@@ -143,7 +143,7 @@ def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[
     if control_fd is not None:
         threading.Thread(target=_watch_control, args=(control_fd, sender), name="ship-control", daemon=True).start()
     frames = FrameQueue(fd, sources)
-    batcher = Batcher(options, sources, frames, sender, positions, stats, backlog)  # type: ignore[arg-type]
+    batcher = Batcher(options, sources, frames, sender, positions, stats, backlog)
     if options.on_start is not None:
         options.on_start(stats, options.line_filter)
     progress = _start_progress(options, stats, backlog)
@@ -256,10 +256,10 @@ def _read_inputs(options: ShipOptions, state: Path, sources: dict[int, Source], 
             threads.append(threading.Thread(target=pipe_reader, args=(pipe.fileno(), source, queue, out_fd),
                                             name=f"ship-{source.name}", daemon=True))
     elif files:
-        for source in sources.values():
-            threads.append(threading.Thread(target=file_reader,
-                                            args=(Path(source.file or ""), source, queue, positions, options, stop),
-                                            name=f"ship-file-{source.id}", daemon=True))
+        threads.extend(threading.Thread(target=file_reader,
+                                        args=(Path(source.file or ""), source, queue, positions, options, stop),
+                                        name=f"ship-file-{source.id}", daemon=True)
+                       for source in sources.values())
     else:
         threads.append(threading.Thread(target=pipe_reader,
                                         args=(sys.stdin.fileno(), sources[0], queue, 1 if options.tee else None),
@@ -301,7 +301,7 @@ def _read_inputs(options: ShipOptions, state: Path, sources: dict[int, Source], 
         queue.close()
         for restored, handler in previous.items():
             signal.signal(restored, handler)
-    shipper_failed = os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0 or os.WIFSIGNALED(status)
+    shipper_failed = (os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0) or os.WIFSIGNALED(status)
     if queue.dropped_chunks:
         what = "the command's output" if command else "standard input"
         print(f"rootrank ship: ERROR: {queue.dropped_bytes} bytes (about {queue.dropped_lines} lines, in "

@@ -54,7 +54,7 @@ def _compression(name: str) -> str | None:
     if name != "auto":
         return name
     try:
-        import lz4  # noqa: F401
+        import lz4  # noqa: F401 - only whether it is installed
 
         return "lz4"
     except ImportError:
@@ -253,7 +253,7 @@ class Sender:
         try:
             futures = [self._producer.send(self.options.topic, key=m.key, value=m.value, timestamp_ms=m.timestamp_ms)
                        for m in window]
-            for message, future in zip(window, futures):
+            for message, future in zip(window, futures, strict=True):
                 future.get(timeout=self.options.send_timeout_s + 5)
                 self._acked(message)
                 done += 1
@@ -297,7 +297,7 @@ class Sender:
                 self._producer.send(self.options.topic, key=m.key, value=m.value, timestamp_ms=m.timestamp_ms)
                 for m in window
             ]
-            for message, future in zip(window, futures):
+            for message, future in zip(window, futures, strict=True):
                 future.get(timeout=self.options.send_timeout_s + 5)
                 with self._spool_lock:
                     self.spool.pop()

@@ -18,6 +18,7 @@ import struct
 import threading
 import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 _HEADER = struct.Struct(">II")
 SEGMENT_BYTES = 8 * 1024 * 1024
@@ -40,7 +41,7 @@ class Spool:
         # its segment, where the reader skips to the next one.
         self._write_seg = max(segments[-1] + 1 if segments else 1, self._read_seg)
         self._writer = open(self._seg_path(self._write_seg), "ab")  # noqa: SIM115 - closed in close()
-        self._reader: tuple[int, object] | None = None
+        self._reader: tuple[int, BinaryIO] | None = None
         self._count = 0
         self._bytes = 0
         self._scan()
@@ -187,10 +188,10 @@ class Spool:
 
     def _close_reader(self) -> None:
         if self._reader is not None:
-            self._reader[1].close()  # type: ignore[attr-defined]
+            self._reader[1].close()
             self._reader = None
 
-    def _file_for(self, number: int) -> object:
+    def _file_for(self, number: int) -> BinaryIO:
         if self._reader is None or self._reader[0] != number:
             self._close_reader()
             self._reader = (number, open(self._seg_path(number), "rb"))  # noqa: SIM115 - closed in _close_reader
@@ -198,12 +199,12 @@ class Spool:
 
     def _read_at(self, number: int, offset: int) -> bytes | None:
         f = self._file_for(number)
-        f.seek(offset)  # type: ignore[attr-defined]
-        header = f.read(_HEADER.size)  # type: ignore[attr-defined]
+        f.seek(offset)
+        header = f.read(_HEADER.size)
         if len(header) < _HEADER.size:
             return None
         length, crc = _HEADER.unpack(header)
-        payload: bytes = f.read(length)  # type: ignore[attr-defined]
+        payload = f.read(length)
         if len(payload) < length or zlib.crc32(payload) != crc:
             return None
         return payload

@@ -95,18 +95,9 @@ def _header(
     offset: int | None = None,
 ) -> dict[str, object]:
     header: dict[str, object] = {"v": SHIP_FORMAT_VERSION, "source": SHIP_SOURCE}
-    for key, value in (
-        ("job_id", job_id),
-        ("host", host),
-        ("rank", rank),
-        ("local_rank", local_rank),
-        ("pid", pid),
-        ("attempt", attempt),
-        ("file", file),
-        ("offset", offset),
-    ):
-        if value is not None:
-            header[key] = value
+    given = {"job_id": job_id, "host": host, "rank": rank, "local_rank": local_rank, "pid": pid, "attempt": attempt,
+             "file": file, "offset": offset}
+    header.update({key: value for key, value in given.items() if value is not None})
     if labels:
         header["labels"] = {str(k): str(v) for k, v in labels.items()}
     return header
@@ -142,7 +133,8 @@ def _with_lines(header: dict[str, object], lines: Sequence[ShipLine], version: i
     if version == ROWS_FORMAT_VERSION or joined.count("\n") != len(texts) - 1:
         return {**header, "v": ROWS_FORMAT_VERSION, "lines": [[ts, stream, text] for ts, stream, text in lines]}
     body = {**header, "text": joined}
-    columns: tuple[tuple[str, list[object]], ...] = (("ts", [ts for ts, _, _ in lines]), ("stream", [stream for _, stream, _ in lines]))
+    columns: tuple[tuple[str, list[object]], ...] = (
+        ("ts", [ts for ts, _, _ in lines]), ("stream", [stream for _, stream, _ in lines]))
     for key, column in columns:
         if column.count(column[0]) == len(column):
             if column[0] is not None:
@@ -181,7 +173,7 @@ def encode_batches(
         item_size = len(orjson.dumps([ts, stream, text])) + 1
         if item_size > budget:
             keep = max(budget - 64, 1)
-            text = text.encode("utf-8")[:keep].decode("utf-8", "ignore")
+            text = text.encode("utf-8")[:keep].decode("utf-8", "ignore")  # noqa: PLW2901 - the line, cut to fit
             item_size = len(orjson.dumps([ts, stream, text])) + 1
         if chunk and size + item_size > budget:
             out.append(orjson.dumps(_with_lines(_with_offset(header, offset, sent), chunk)))

@@ -11,7 +11,8 @@ T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 # (class, rule, initiator line, fix) of a few realistic failures
 FAILURES = {
     "cuda_oom": ("cuda-oom-pytorch",
-                 "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 5 has a total capacity of 79.14 GiB",
+                 ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 5 has a total capacity "
+                  "of 79.14 GiB"),
                  "Reduce the per-GPU micro-batch size or sequence length."),
     "gpu_hardware_error": ("gpu-xid-79",
                            "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
@@ -73,7 +74,8 @@ def make_signal(n: int, *, job: str = "job-a", kind: str = "match") -> Signal:
     return Signal.model_validate({
         "job_id": job, "rule_id": "cuda-oom-pytorch", "rule_version": 2, "kind": kind, "class": "cuda_oom",
         "role": "cause", "severity": "critical", "host": f"node-{n % 3:02d}", "rank": n, "local_rank": n % 8,
-        "pid": 100 + n, "gpu": str(n % 8), "ts": T0 + timedelta(seconds=n), "received_ts": T0 + timedelta(seconds=n, milliseconds=5),
+        "pid": 100 + n, "gpu": str(n % 8), "ts": T0 + timedelta(seconds=n),
+        "received_ts": T0 + timedelta(seconds=n, milliseconds=5),
         "source": "fluentbit", "file": f"/logs/{job}/rank{n}.log", "order": n,
         "line": f"[rank{n}]: torch.OutOfMemoryError: CUDA out of memory (line {n})",
         "fields": {"gpu": n % 8, "tried": "2.00 GiB"},

@@ -211,7 +211,8 @@ def test_metrics_count_shipped_lines_and_incidents_end_to_end(fleet: Fleet, tmp_
             lambda: any(k.startswith("rootrank_consumer_lag_messages{") for k in scrape(worker.web_port)), 10,
             what="a consumer lag sample")
         print(f"\n{file_lines} lines shipped by {len(paths)} shippers = {sent:.0f} counted by them; worker counted "
-              f"{delta('rootrank_ingest_lines_total'):.0f} non-blank lines; {distinct} incident(s) counted once ({revisions} revisions); "
+              f"{delta('rootrank_ingest_lines_total'):.0f} non-blank lines; "
+              f"{distinct} incident(s) counted once ({revisions} revisions); "
               f"{elapsed:.1f}s")
     finally:
         for ship in shippers:
@@ -246,7 +247,7 @@ def test_evidence_only_shipper_feeds_the_same_incident_through_the_broker(fleet:
 
     incidents = fleet.pipeline.incidents(job, until=lambda out: initiators(out) == expected, timeout=60)
     assert initiators(incidents) == expected
-    for path, evidence, summary in zip(paths, evidence_only, summaries):
+    for path, evidence, summary in zip(paths, evidence_only, summaries, strict=True):
         print(f"\n{Path(path).parent.name}/{Path(path).name} {'evidence-only' if evidence else 'full'}: {summary}")
 
 

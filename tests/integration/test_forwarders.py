@@ -26,7 +26,8 @@ from tests.fixtures.kafka import Pipeline
 
 pytestmark = pytest.mark.integration
 
-OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.14 GiB of which 1.19 GiB is free."
+OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of "
+       "79.14 GiB of which 1.19 GiB is free.")
 
 
 def watchdog(rank: int) -> str:
@@ -105,7 +106,8 @@ def fluentbit(job: str, at: datetime, rank: int, line: str) -> dict[str, Any]:
     pod = f"{job}-worker-{rank // 4}"
     return {
         "@timestamp": at.timestamp(), "log": line + "\n", "stream": "stderr", "time": _iso(at),
-        "kubernetes": {"pod_name": pod, "namespace_name": "training", "pod_id": "5c1f2b7a-0000-4000-8000-00000000000" + str(rank // 4),
+        "kubernetes": {"pod_name": pod, "namespace_name": "training",
+                       "pod_id": "5c1f2b7a-0000-4000-8000-00000000000" + str(rank // 4),
                        "labels": {"training.kubeflow.org/job-name": job, "training.kubeflow.org/replica-type": "worker"},
                        "host": f"gpu-node-{rank // 4}", "container_name": "pytorch",
                        "docker_id": "3f0c9d1e", "container_image": "nvcr.io/nvidia/pytorch:24.05-py3"},

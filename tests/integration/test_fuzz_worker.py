@@ -68,10 +68,9 @@ def fuzz_values(n: int, seed: int) -> list[tuple[str, bytes]]:
     out: list[tuple[str, bytes]] = []
     too_large = max(1, n // 1000)
     huge = max(2, n // 200)
-    for _ in range(too_large):
-        out.append(("too_large", b"[rank0]: " + b"A" * (MAX_VALUE_BYTES + rng.randint(1, 1 << 20))))
-    for _ in range(huge):  # one line longer than the decoder's line cap, inside a valid value
-        out.append(("huge_line", ("[rank2]: " + _printable(rng, rng.randint(70_000, 400_000))).encode()))
+    out.extend(("too_large", b"[rank0]: " + b"A" * (MAX_VALUE_BYTES + rng.randint(1, 1 << 20))) for _ in range(too_large))
+    # one line longer than the decoder's line cap, inside a valid value
+    out.extend(("huge_line", ("[rank2]: " + _printable(rng, rng.randint(70_000, 400_000))).encode()) for _ in range(huge))
     kinds = ["random_bytes", "control_chars", "invalid_utf8", "deep_json", "wrong_types", "empty",
              "plain_text", "forwarder_json", "truncated_json"]
     while len(out) < n:

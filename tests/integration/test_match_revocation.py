@@ -80,13 +80,13 @@ def fluent_bit(i: int) -> bytes:
                          "hostname": f"gpu-node-{rank // 8:03d}", "job_id": f"revoke-{i % 3}"})
 
 
-async def read_signals(bootstrap: str, topic: str, timeout: float) -> list[Any]:
+async def read_signals(bootstrap: str, topic: str, wait_s: float) -> list[Any]:
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                                 enable_auto_commit=False)
     await consumer.start()
     out: list[Any] = []
     try:
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = asyncio.get_running_loop().time() + wait_s
         while asyncio.get_running_loop().time() < deadline:
             batch = await consumer.getmany(timeout_ms=500)
             if not batch and out:
@@ -127,7 +127,7 @@ async def scenario(bootstrap: str, settings: Settings) -> tuple[RecordingProcess
             held.set()
             await second_joins.wait()
             deadline = asyncio.get_running_loop().time() + 60
-            while first.revoked_mid_batch == 0 and asyncio.get_running_loop().time() < deadline:
+            while first.revoked_mid_batch == 0 and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110 - a counter the reader under test keeps: nothing to wait on
                 await asyncio.sleep(0.05)
             # Longer than the group takes to hand the partitions on when nothing holds them back
             # (well inside the rebalance timeout, 20 s): a reader that let them go now would see the

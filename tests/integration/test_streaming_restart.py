@@ -64,7 +64,8 @@ def test_worker_restart_mid_job_recovers_state(restart_pipeline: Pipeline, tmp_p
     # What the match agent makes of the second half (the same processor the worker runs).
     processor = MatchProcessor(offline_diagnoser().extractor)
     second_half = ship_format_messages(job, second_file)
-    second_half_signals = len(processor.process([RawMessage(v, "rootrank.logs", 0, i) for i, v in enumerate(second_half)]).signals)
+    second_half_messages = [RawMessage(v, "rootrank.logs", 0, i) for i, v in enumerate(second_half)]
+    second_half_signals = len(processor.process(second_half_messages).signals)
     # Routine lines (progress, metric values) collapse per batch, so the worker's count lies between
     # the second half as one batch and as one batch per message.
     second_half_most = sum(len(processor.process([RawMessage(v, "rootrank.logs", 0, i)]).signals)

@@ -52,7 +52,7 @@ def test_two_workers_split_partitions_and_incidents_stay_right(tansu_broker: Bro
         classes = ["cuda_oom", "nccl_timeout", "cuda_oom", "nccl_timeout"]
         expected = {}
         started = time.monotonic()
-        for index, (job, cls) in enumerate(zip(jobs, classes)):
+        for index, (job, cls) in enumerate(zip(jobs, classes, strict=True)):
             out = tmp_path / job
             truth = simulate(cls, world_size=8, hosts=2, seed=20 + index, noise_lines=8, out=out,
                              ruleset=load_ruleset(rules_snapshot()))

@@ -153,7 +153,8 @@ def test_registrations_survive_a_restart_and_each_job_gets_only_its_incidents(
     secret_file = tmp_path / "secret"
     secret_file.write_text(secret)
     common = ["--api", worker.url, "--token-file", str(token_file)]
-    assert cli.main(["webhooks", "add", "--job", "job-b", http_receiver.url("/b"), "--secret-file", str(secret_file), *common]) == 0
+    add_b = ["webhooks", "add", "--job", "job-b", http_receiver.url("/b"), "--secret-file", str(secret_file), *common]
+    assert cli.main(add_b) == 0
     assert cli.main(["webhooks", "add", "--job", "job-c", http_receiver.url("/c"), *common]) == 0
     assert cli.main(["webhooks", "list", "--job", "job-c", *common]) == 0
     assert http_receiver.url("/c") in capsys.readouterr().out

@@ -141,6 +141,6 @@ def test_a_hang_in_a_tp_group_leaves_the_stuck_rank_out_of_that_groups_reports(t
     text = "\n".join(Path(p).read_text() for p in log_paths(tmp_path, truth) if f"/{host}/" in p)
     guid = 1 + job.initiator // RANKS_PER_HOST
     reporters = {line.split("[rank", 1)[1].split("]", 1)[0] for line in text.splitlines()
-                 if "Watchdog caught" in line and (f"PG GUID {guid}(" in line or f"[PG 1 " in line)}
+                 if "Watchdog caught" in line and (f"PG GUID {guid}(" in line or "[PG 1 " in line)}
     peers = {str(r) for r in range(job.initiator - job.initiator % 8, job.initiator - job.initiator % 8 + 8)}
     assert reporters == peers - {str(job.initiator)}

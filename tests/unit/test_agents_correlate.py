@@ -74,7 +74,7 @@ class Harness:
 
     async def put_batch(self, tested: Any, values: list[tuple[bytes, bytes]]) -> dict[str, Any]:
         before = len(tested.results)
-        for i, (key, value) in enumerate(values):
+        for key, value in values:
             await tested.put(key=key, value=value, partition=3, wait=False)
         while len(tested.results) == before:
             async with tested.new_value_processed:

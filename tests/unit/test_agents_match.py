@@ -37,7 +37,8 @@ class Record:
     value: bytes
 
 
-def _run_batch(extractor: SignalExtractor, values: list[bytes], **processor_kw: Any) -> tuple[list[dict[str, int]], list[Record], list[Record]]:
+def _run_batch(extractor: SignalExtractor, values: list[bytes],
+               **processor_kw: Any) -> tuple[list[dict[str, int]], list[Record], list[Record]]:
     """One batch through the match role's processing, and the records LogBatchReader sends for it
     (correlator/stream/agents/match_batches.py; its Kafka side is tested in tests/integration)."""
     processor = MatchProcessor(extractor, **processor_kw)
@@ -84,7 +85,7 @@ def test_bad_values_are_dead_lettered_with_reason_and_raw_bytes(extractor: Signa
     assert summary["read"] == 5 and summary["processed"] == 1 and summary["deadletter"] == 4
     letters = [orjson.loads(e.value) for e in dead]
     assert [letter["reason"] for letter in letters] == list(bad)
-    for letter, raw in zip(letters, bad.values()):
+    for letter, raw in zip(letters, bad.values(), strict=True):
         assert base64.b64decode(letter["raw_b64"]) == raw
         assert letter["size"] == len(raw) and letter["raw_truncated"] is False
         assert {"topic", "partition", "offset"} <= letter.keys()

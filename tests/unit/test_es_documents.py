@@ -66,7 +66,8 @@ def _object_specs(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_shipped_template_files_are_the_templates_setup_installs() -> None:
     for name, body in index_templates().items():
         shipped = json.loads((TEMPLATES / f"{name}.index-template.json").read_text(encoding="utf-8"))
-        assert shipped == body, f"deploy/elasticsearch/{name} is stale: python -m correlator.sinks.elasticsearch.indices deploy/elasticsearch"
+        assert shipped == body, (f"deploy/elasticsearch/{name} is stale: "
+                                 "python -m correlator.sinks.elasticsearch.indices deploy/elasticsearch")
 
 
 INCIDENT_VARIANTS = [

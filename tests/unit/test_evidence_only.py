@@ -34,7 +34,7 @@ def chatter(n: int) -> list[str]:
 
 
 def test_hits_are_sent_with_context_and_their_own_line_numbers(matcher: Matcher) -> None:
-    lines = chatter(20) + [f"[rank3]: {OOM}"] + chatter(20)
+    lines = [*chatter(20), f"[rank3]: {OOM}", *chatter(20)]
     [(first, run)] = EvidenceFilter(matcher, context=2).select("rank3.log", 100, lines)
     assert first == 118 and run == lines[18:23]  # 2 before, the hit, 2 after, numbered in the stream
 

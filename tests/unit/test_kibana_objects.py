@@ -160,7 +160,7 @@ def test_dashboard_shows_classes_over_time_repeat_offenders_and_recent_incidents
         assert ref["type"] == panel["type"]
         shown.append(by_key[(ref["type"], ref["id"])])
         grid = panel["gridData"]
-        assert grid["i"] == panel["panelIndex"] and 0 <= grid["x"] and grid["x"] + grid["w"] <= 48
+        assert grid["i"] == panel["panelIndex"] and grid["x"] >= 0 and grid["x"] + grid["w"] <= 48
     lens_ops = {o["id"]: set(_lens_fields(o)[1]) for o in shown if o["type"] == "lens"}
     assert any({("date_histogram", "@timestamp"), ("terms", "rootrank.class")} <= ops for ops in lens_ops.values())
     assert any(("terms", "rootrank.initiator.host") in ops for ops in lens_ops.values())

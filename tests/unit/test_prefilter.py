@@ -108,12 +108,12 @@ def training_batch(extractor: SignalExtractor, n: int, seed: int) -> list[bytes]
     failures = [line for lr in load_ruleset().rules if lr.rule.kind == "signature" for line in lr.rule.examples.match]
     routine = [
         "[rank{r}]:{{'loss': {loss:.4f}, 'grad_norm': {g:.4f}, 'learning_rate': 2.9e-04, 'epoch': 0.41}}",
-        "[rank{r}]: iteration {s:>8}/  500000 | consumed samples: {cs:>10} | elapsed time per iteration (ms): 1432.1"
+        ("[rank{r}]: iteration {s:>8}/  500000 | consumed samples: {cs:>10} | elapsed time per iteration (ms): 1432.1"
         " | learning rate: 2.9E-04 | global batch size:   512 | lm loss: {loss:.6E} | loss scale: 1.0 |"
-        " grad norm: {g:.3f} | number of skipped iterations:   0 | number of nan iterations:   0 |",
+        " grad norm: {g:.3f} | number of skipped iterations:   0 | number of nan iterations:   0 |"),
         "[rank{r}]: {p:>2}%|###       | {s}/10000 [25:11<3:04:52,  1.26s/it]",
-        "[rank{r}]:[2026-12-03 05:41:07,114] [INFO] [logging.py:96:log_dist] [Rank {r}] step={s}, skipped=0,"
-        " lr=[0.00029], mom=[(0.9, 0.95)]",
+        ("[rank{r}]:[2026-12-03 05:41:07,114] [INFO] [logging.py:96:log_dist] [Rank {r}] step={s}, skipped=0,"
+        " lr=[0.00029], mom=[(0.9, 0.95)]"),
     ]
     chatter = [
         "[rank{r}]:gpu-node-00{h}:31{r:02d}:32{r:02d} [{g8}] NCCL INFO Channel 03/24 : {r}[{g8}] -> {r1}[{g8}] via P2P/IPC",

@@ -21,7 +21,8 @@ def extractor() -> SignalExtractor:
 
 
 def hf_step(step: int, grad_norm: float) -> str:
-    return f"{{'loss': {2.5 - step / 10_000:.4f}, 'grad_norm': {grad_norm:.4f}, 'learning_rate': 2.9e-05, 'epoch': {step / 1000:.2f}}}"
+    return (f"{{'loss': {2.5 - step / 10_000:.4f}, 'grad_norm': {grad_norm:.4f}, 'learning_rate': 2.9e-05, "
+            f"'epoch': {step / 1000:.2f}}}")
 
 
 def megatron_step(step: int, grad_norm: float) -> str:
@@ -69,7 +70,8 @@ def test_runs_report_each_progress_id_at_its_last_line_and_everything_else_as_th
     assert {rid for _, rid in full} & progress_ids, "the fixture must hold progress markers"
     for _ in range(5):
         cuts = sorted(rng.sample(range(1, len(lines)), 12))
-        runs = [(starts[a], min(starts[b], len(buf))) for k, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(lines)])) if k % 2 == 0]
+        pairs = enumerate(zip([0, *cuts], [*cuts, len(lines)], strict=True))
+        runs = [(starts[a], min(starts[b], len(buf))) for k, (a, b) in pairs if k % 2 == 0]
         expected: list[tuple[int, int]] = []
         last: dict[tuple[int, int], int] = {}
         for to, rid in full:
@@ -129,7 +131,7 @@ def test_short_shipped_messages_of_many_processes_each_keep_their_latest_progres
     values = [encode_batch([(None, "stdout", hf_step(step, 1.0)) for step in range(rank, rank + 4)],
                            job_id="llama", host=f"node-{rank // 8}", rank=rank, file="train.log")
               for rank in range(300)]
-    assert 300 * 4 > FREQUENT_CAP
+    assert FREQUENT_CAP < 300 * 4
     out = MatchProcessor(extractor).process([RawMessage(v, "rootrank.logs", 0, i) for i, v in enumerate(values)])
     latest: dict[tuple[int | None, str], str] = {}
     for s in out.signals:
@@ -150,9 +152,9 @@ def test_a_large_buffer_scanned_once_with_both_databases_gives_the_two_scans_hit
     matcher = extractor.matcher
     rng = random.Random(11)
     failures = ["[rank5]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
-                "[rank2]:[E ProcessGroupNCCL.cpp:616] [Rank 2] Watchdog caught collective operation timeout: "
+                ("[rank2]:[E ProcessGroupNCCL.cpp:616] [Rank 2] Watchdog caught collective operation timeout: "
                 "WorkNCCL(SeqNum=8, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600041 "
-                "milliseconds before timing out."]
+                "milliseconds before timing out.")]
     lines = [f"[rank{rng.randrange(8)}]:{line}" for line in mixed_log(rng, 12_000)]
     for at in range(0, len(lines), 1500):
         lines.insert(at, failures[at % 2])

@@ -65,25 +65,30 @@ def test_run_examples_reports_file_and_line(tmp_path: Path) -> None:
     "body, line, needle",
     [
         ("id: x\ntitle: broken yaml\npatterns: [unclosed\n", 4, "YAML syntax"),
-        ("id: wrong-name\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
-         "references: ['https://x.org']\nsource: [{url: 'https://x.org'}]\nexamples: {match: [a, a], no_match: [b, b]}\n", 1, "must equal the file name"),
-        ("id: x\ntitle: t t t\nclass: not_a_class\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
-         "references: ['https://x.org']\nsource: [{url: 'https://x.org'}]\nexamples: {match: [a, a], no_match: [b, b]}\n", 3, "unknown class"),
-        ("id: x\ntitle: t t t\nclass: cuda_oom\npatterns:\n  - 'ok'\n  - '(?<=look)behind'\nmechanism: m\n"
-         "fix: [f]\nverify: [v]\nreferences: ['https://x.org']\nsource: [{url: 'https://x.org'}]\nexamples: {match: [a, a], no_match: [b, b]}\n",
+        (("id: wrong-name\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
+         "references: ['https://x.org']\nsource: [{url: 'https://x.org'}]\n"
+         "examples: {match: [a, a], no_match: [b, b]}\n"), 1, "must equal the file name"),
+        (("id: x\ntitle: t t t\nclass: not_a_class\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
+         "references: ['https://x.org']\nsource: [{url: 'https://x.org'}]\n"
+         "examples: {match: [a, a], no_match: [b, b]}\n"), 3, "unknown class"),
+        (("id: x\ntitle: t t t\nclass: cuda_oom\npatterns:\n  - 'ok'\n  - '(?<=look)behind'\nmechanism: m\n"
+         "fix: [f]\nverify: [v]\nreferences: ['https://x.org']\nsource: [{url: 'https://x.org'}]\n"
+         "examples: {match: [a, a], no_match: [b, b]}\n"),
          6, "hyperscan cannot compile"),
-        ("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nseverity: apocalyptic\nmechanism: m\nfix: [f]\n"
-         "verify: [v]\nreferences: ['https://x.org']\nsource: [{url: 'https://x.org'}]\nexamples: {match: [a, a], no_match: [b, b]}\n", 5, "severity"),
-        ("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
-         "references: ['https://x.org']\nsource: [{url: 'https://x.org'}]\nexamples:\n  match: [a]\n  no_match: [b, b]\n", 11, "examples.match"),
-        ("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
-         "references: ['https://x.org']\nexamples: {match: [a, a], no_match: [b, b]}\n", 1, "needs source"),
-        ("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nconfidence: 0.7\nmechanism: m\nfix: [f]\n"
+        (("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nseverity: apocalyptic\nmechanism: m\nfix: [f]\n"
          "verify: [v]\nreferences: ['https://x.org']\nsource: [{url: 'https://x.org'}]\n"
-         "examples: {match: [a, a], no_match: [b, b]}\n", 1, "tier boundary"),
-        ("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
+         "examples: {match: [a, a], no_match: [b, b]}\n"), 5, "severity"),
+        (("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
+         "references: ['https://x.org']\nsource: [{url: 'https://x.org'}]\n"
+         "examples:\n  match: [a]\n  no_match: [b, b]\n"), 11, "examples.match"),
+        (("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
+         "references: ['https://x.org']\nexamples: {match: [a, a], no_match: [b, b]}\n"), 1, "needs source"),
+        (("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nconfidence: 0.7\nmechanism: m\nfix: [f]\n"
+         "verify: [v]\nreferences: ['https://x.org']\nsource: [{url: 'https://x.org'}]\n"
+         "examples: {match: [a, a], no_match: [b, b]}\n"), 1, "tier boundary"),
+        (("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
          "references: ['https://x.org']\nsource: [{repo: pytorch/pytorch}]\n"
-         "examples: {match: [a, a], no_match: [b, b]}\n", 9, "repo` and `path"),
+         "examples: {match: [a, a], no_match: [b, b]}\n"), 9, "repo` and `path"),
     ],
 )
 def test_broken_rule_is_reported_as_file_line_what(tmp_path: Path, body: str, line: int, needle: str) -> None:

@@ -85,7 +85,7 @@ def test_file_reader_waits_for_a_slow_consumer_and_loses_nothing(tmp_path: Path,
                 time.sleep(0.01)  # slower than the reader
     reader.join(5)
     assert b"".join(c.data for c in got) == data
-    assert [c.end_pos for c in got[:-1]] == list(range(4096, len(data), 4096)) + [len(data)]
+    assert [c.end_pos for c in got[:-1]] == [*list(range(4096, len(data), 4096)), len(data)]
     assert queue.waits > 10 and queue.dropped_bytes == 0 and not (tmp_path / "overflow").exists()
 
 

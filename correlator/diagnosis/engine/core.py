@@ -75,10 +75,9 @@ class Engine:
         # sequence preconditions from the whole job (a save torn in one attempt fails the next one's load)
         earlier = [s for s in signals if s.fields.get("marker") == "after"]
         aggregates = [self._aggregate_node(key, state, clock) for key in sorted(state.aggregates)]
-        for node in aggregates:
+        for key, node in zip(sorted(state.aggregates), aggregates, strict=True):
             # the attempt by every restart now known (the key holds the one known when its first line came)
-            first = min(node.aggregate.samples, key=sort_key)  # type: ignore[union-attr]
-            node.attempt = state.attempt_of(first)
+            node.attempt = state.attempt_of(min(state.aggregates[key].samples, key=sort_key))
         by_attempt: dict[int, tuple[list[Signal], list[Node]]] = defaultdict(lambda: ([], []))
         for s in signals:
             by_attempt[s.attempt or 0][0].append(s)
@@ -273,10 +272,9 @@ def _distinct_ids(job_id: str, incidents: list[Incident]) -> list[Incident]:
     for incident in sorted(incidents, key=lambda i: (i.window_start or "", i.incident_id)):
         repeat = seen.get(incident.incident_id, 0)
         seen[incident.incident_id] = repeat + 1
-        if repeat:
-            incident = incident.model_copy(update={"incident_id": incident_id(
-                job_id, incident.attempt, incident.class_, incident.initiator, repeat)})
-        out.append(incident)
+        renumbered = incident.model_copy(update={"incident_id": incident_id(
+            job_id, incident.attempt, incident.class_, incident.initiator, repeat)}) if repeat else incident
+        out.append(renumbered)
     return out
 
 
@@ -301,7 +299,7 @@ def _restarted_after(state: JobState, signal: Signal) -> bool:
     t = time_of(signal)
     return any(
         not restart.before(t, signal.host, signal.file, signal.order)
-        and (t is not None and restart.ts is not None or restart.file == signal.file)
+        and ((t is not None and restart.ts is not None) or restart.file == signal.file)
         for restart in state.restarts
     )
 

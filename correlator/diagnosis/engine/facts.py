@@ -185,9 +185,9 @@ class JobFacts(BaseModel):
             mark = Mark.of(signal, float(last) if isinstance(last, (int, float)) else None)
             key = process_key(signal)
             current = self.progress.get(key)
-            if current is None and len(self.progress) < MAX_PROCESSES or current is not None and mark.after(
+            if (current is None and len(self.progress) < MAX_PROCESSES) or (current is not None and mark.after(
                 current.t, current.file, current.order
-            ):
+            )):
                 self.progress[key] = mark
                 changed = True
         if (signal.rank is not None or "pg_rank" in f) and ("pg" in f or "seq" in f or "enqueued" in f):
@@ -197,7 +197,7 @@ class JobFacts(BaseModel):
     @staticmethod
     def _is_progress(signal: Signal) -> bool:
         f = signal.fields
-        return "metric" in f or f.get("marker") == "end" and f.get("progress") == 1 or f.get("fact") == "progress"
+        return "metric" in f or (f.get("marker") == "end" and f.get("progress") == 1) or f.get("fact") == "progress"
 
     def _remember(self, key: str, rank: int) -> None:
         if key in self.identity or len(self.identity) < MAX_PROCESSES:
@@ -219,8 +219,9 @@ class JobFacts(BaseModel):
         if isinstance(bus, (str, int)):
             self.identity[f"{signal.host}|b{normalize_bus_id(str(bus))}"] = rank
         comm = f.get("comm_id")
-        if comm is not None and signal.host and time_of(signal) is not None:
-            self._anchor(f"init:{comm}", signal.host, time_of(signal))  # type: ignore[arg-type]
+        t = time_of(signal)
+        if comm is not None and signal.host and t is not None:
+            self._anchor(f"init:{comm}", signal.host, t)
         return True
 
     def _note_restart(self, t: float | None, restart_count: object, signal: Signal, inferred: bool = False) -> bool:

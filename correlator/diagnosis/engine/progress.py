@@ -58,7 +58,7 @@ def mismatch_suspect(groups: dict[str, GroupProgress]) -> Suspect | None:
 
 
 def _describe(shape: str) -> str:
-    op, numel_in, numel_out = (shape.split("|") + ["", "", ""])[:3]
+    op, numel_in, numel_out = ([*shape.split("|"), "", "", ""])[:3]
     numel = f" (NumelIn={numel_in}, NumelOut={numel_out})" if numel_in or numel_out else ""
     return f"{op}{numel}"
 

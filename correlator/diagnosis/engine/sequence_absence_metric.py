@@ -59,10 +59,8 @@ def resolve_sequence_absence_metric(
                 tm = timeline.t(m)
                 if seq.same_process and not same_process(m, s):
                     continue
-                if t is not None and tm is not None:
-                    ok = ok or (0 <= t - tm <= seq.within_s)
-                else:
-                    ok = ok or m.order < s.order
+                before = 0 <= t - tm <= seq.within_s if t is not None and tm is not None else m.order < s.order
+                ok = ok or before
             if not ok:
                 continue
         if rule.absence is not None:

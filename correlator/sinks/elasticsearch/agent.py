@@ -283,8 +283,8 @@ class SinkLoop:
         letters: list[tuple[Any, str]] = []
         for record in records:
             try:
-                for req in self.convert(record.value):
-                    requests.append(IndexRequest(req.alias, req.doc_id, req.source, req.version, ref=record))
+                requests.extend(IndexRequest(req.alias, req.doc_id, req.source, req.version, ref=record)
+                                for req in self.convert(record.value))
             except PoisonRecord as exc:
                 letters.append((record, str(exc)))
         outcome = self.writer.write(requests)  # returns only once every document is acknowledged

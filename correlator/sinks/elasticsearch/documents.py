@@ -109,7 +109,7 @@ def incident_to_doc(incident: Incident) -> dict[str, Any]:
         message += ", initiated by " + ", ".join(who)
 
     rootrank: dict[str, Any] = dict(data)
-    rootrank["initiator"] = {**data["initiator"], "host_gpu": host_gpu}  # type: ignore[dict-item]
+    rootrank["initiator"] = {**initiator.model_dump(mode="json", by_alias=True), "host_gpu": host_gpu}
     rootrank.update(
         {
             "category": category,

@@ -43,7 +43,7 @@ def format_offenders(offenders: Sequence[Offender]) -> str:
         classes = ",".join(f"{c}({n})" for c, n in sorted(o.classes.items()))
         rows.append((o.host, str(o.jobs), str(o.count), gpus, classes, ",".join(o.incident_ids[:5])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows)
 
 
 def offender_dict(o: Offender) -> dict[str, Any]:

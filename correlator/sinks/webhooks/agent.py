@@ -259,7 +259,7 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
         finally:
             await sink.dispatcher.close()
 
-    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # mode's receiver type (a generic `signal` keyword) cannot be met; faust calls it (sender, ..., signal=...)
     async def abandon_revoked(sender: Any, revoked: Any, *args: Any, **kwargs: Any) -> None:
         # Retrying for a partition this worker no longer owns would only race its new owner. Wait
         # (briefly) for the cancellation to land, so no attempt starts after the partition moved.
@@ -268,14 +268,14 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
             task.cancel()
             await asyncio.wait({task}, timeout=5.0)
 
-    @app.on_rebalance_complete.connect  # type: ignore[arg-type]
+    @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's receiver type (a generic `signal` keyword) cannot be met; faust calls it (sender, ..., signal=...)
     async def rewind_never_committed(sender: Any, *args: Any, **kwargs: Any) -> None:
         # Fetched records are held until faust has cleared the buffers (correlator.stream.app, for every
         # role): without that, the moved partition's incidents were wiped from this agent's buffer
         # in a rebalance during a receiver outage, and never delivered.
         await _rewind_partitions_never_committed(app, topics.incidents)
 
-    @app.timer(interval=3600.0)  # type: ignore[untyped-decorator]
+    @app.timer(interval=3600.0)  # type: ignore[untyped-decorator]  # faust's decorators carry no types
     async def close_idle_http() -> None:
         # Keep-alive connections to receivers that were notified once are not kept for days.
         if not in_flight:
@@ -294,7 +294,7 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
             return await self._serve(request, job_id)
 
         async def _serve(self, request: Any, job_id: str) -> Any:
-            if not app.tables.recovery.completed.is_set():  # type: ignore[attr-defined]
+            if not app.tables.recovery.completed.is_set():  # type: ignore[attr-defined]  # not in faust's TableManager type
                 # Before the registrations table is recovered a GET would answer "none" and a write
                 # could not be sent: say so instead.
                 return self.json({"error": "starting: tables are being recovered"}, status=503,
@@ -324,7 +324,7 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
 
     host.page("/jobs/{job_id}/webhooks")(JobWebhooks)
 
-    @app.task  # type: ignore[untyped-decorator]
+    @app.task  # type: ignore[untyped-decorator]  # faust's decorators carry no types
     async def announce() -> None:
         routes = len(sink.dispatcher.routes.routes)
         receivers = ", ".join(f"{r.name}={r.display_target()}" for r in sink.dispatcher.routes.receivers.values())

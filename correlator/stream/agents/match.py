@@ -248,7 +248,8 @@ class MatchProcessor:
                 continue
             except Exception as exc:
                 log.exception("decoder failed on %s[%d]@%d", message.topic, message.partition, message.offset)
-                out.dead_letters.append(dead_letter(message, "decoder_error", f"{type(exc).__name__}: {exc}", max_raw_bytes=self.deadletter_max_raw_bytes))
+                out.dead_letters.append(dead_letter(message, "decoder_error", f"{type(exc).__name__}: {exc}",
+                                                    max_raw_bytes=self.deadletter_max_raw_bytes))
                 continue
             out.processed += 1
             if len(lines):

@@ -75,7 +75,7 @@ def consumer_config(settings: Settings, group: str) -> dict[str, Any]:
     return conf
 
 
-class RevocationListener(ConsumerRebalanceListener):  # type: ignore[misc]
+class RevocationListener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is imported without types: Any
     """Partitions go only after the batch in flight was finished and committed."""
 
     def __init__(self, reader: LogBatchReader) -> None:

@@ -114,7 +114,7 @@ def simulate(
         sc.shift(time.time() - 1.0 - last)
     sc.make_late()
     out = Path(out)
-    files = write_logs(sc, fmt, out)  # type: ignore[arg-type]
+    files = write_logs(sc, fmt, out)
     init = sc.initiator
     if sc.mode in ("all", "launch_all", "serve_all"):
         initiator = TruthInitiator(rank=None, all=True)
@@ -138,7 +138,7 @@ def simulate(
             "mode": sc.mode,
             "story": sc.variant,
             "accepted": list(sc.story.accepted),
-            "software": {"python": sc.env.python, "torch": "%d.%d" % sc.env.torch, "nccl": sc.env.nccl},
+            "software": {"python": sc.env.python, "torch": ".".join(map(str, sc.env.torch[:2])), "nccl": sc.env.nccl},
             "attempt": 1 if before in ("disk_full", "restart") else 0,
             "restart_class": "disk_full" if before == "disk_full" else sc.options.restart,
             "failure_lines": [ln for ln in sc.failure_lines if ln][:8],

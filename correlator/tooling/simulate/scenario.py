@@ -494,7 +494,7 @@ class Scenario:
         """An inference server's story: the engine serves requests, one worker (or every rank) fails, the
         server shuts down."""
         head = self.hosts[0]
-        for k in range(self.noise_lines):
+        for _ in range(self.noise_lines):
             t += 10.0
             self.vllm(t, None, "I", "loggers.py:116",
                       f"Engine 000: Avg prompt throughput: {self.rng.uniform(800, 2400):.1f} tokens/s, Avg generation "
@@ -542,9 +542,9 @@ class Scenario:
             lines = [
                 "Traceback (most recent call last):",
                 f'  File "{env.lib("botocore/response.py")}", line 99, in read',
-                "    chunk = self." "_raw_stream.read(amt)",  # quoted botocore source, split: see upstream.py
-                "urllib3.exceptions.ReadTimeoutError: AWSHTTPSConnectionPool(host='datasets.s3.amazonaws.com', "
-                "port=443): Read timed out.",
+                ("    chunk = self." "_raw_stream.read(amt)"),  # noqa: ISC001 - quoted botocore source, split: see upstream.py
+                ("urllib3.exceptions.ReadTimeoutError: AWSHTTPSConnectionPool(host='datasets.s3.amazonaws.com', "
+                "port=443): Read timed out."),
             ]
             self.pylog(t + 0.1, p, "shard s3://datasets/tok/train-00417.bin read failed, retrying (1/5)", level="W",
                        logger="data")
@@ -553,8 +553,8 @@ class Scenario:
                 "Traceback (most recent call last):",
                 f'  File "{env.script}", line 377, in train_step',
                 "    outputs = model(**batch)",
-                f"{env.oom_error}: CUDA out of memory. Tried to allocate 1.50 GiB. GPU {p.local_rank} has a total "
-                "capacity of 79.11 GiB of which 912.00 MiB is free.",
+                (f"{env.oom_error}: CUDA out of memory. Tried to allocate 1.50 GiB. GPU {p.local_rank} has a total "
+                "capacity of 79.11 GiB of which 912.00 MiB is free."),
             ]
             self.pylog(t + 0.1, p, "OOM on micro-batch, halving micro_batch_size to 2 and retrying", level="W")
         self.rank(t + 0.11, p, lines)
@@ -575,7 +575,7 @@ class Scenario:
         for line in self.rng.sample(candidates, min(self.late_lines, len(candidates))):
             line.delay = self.rng.uniform(5.0, 60.0)
         if self.options.cause_late:
-            end = max(ln.t for ln in self.lines if not ln.style == "kern" or not ln.t > (self.failure_t or 0) + 3000)
+            end = max(ln.t for ln in self.lines if ln.style != "kern" or ln.t <= (self.failure_t or 0) + 3000)
             for line in self.lines:
                 if line.cause and line.has_ts:
                     line.delay = max(0.0, end - line.t) + 5.0

@@ -71,7 +71,8 @@ def illegal_memory_access(sc: Stage, t: float, p: Process) -> Outcome:
     if variant == "watchdog" and env.torch >= (2, 3):
         # the NCCL watchdog finds the poisoned context first and takes the process down (SIGABRT)
         prefix = pg_prefix(env, 0, "0", "default_pg", p.rank)
-        body = f"{prefix} Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered"
+        body = (f"{prefix} Process group watchdog thread terminated with exception: "
+                "CUDA error: an illegal memory access was encountered")
         t = sc.glog(t, p, "E", "ProcessGroupNCCL.cpp:1609", body)
         tail = cuda_error(env, "an illegal memory access was encountered", "cudaErrorIllegalAddress")[1:]
         sc.rank(t, p, tail + c10_frames("c10_cuda_check_implementation at ../c10/cuda/CUDAException.cpp:43")
@@ -87,7 +88,8 @@ def gpu_hardware_error(sc: Stage, t: float, p: Process) -> Outcome:
     """The driver reports an Xid in the kernel log; the rank's next CUDA call fails."""
     env = sc.env
     if sc.demo:
-        xid, text, err, enum = 79, DEMO_XID_TEXT.format(bus=p.bus, pid=p.pid), "unspecified launch failure", "cudaErrorLaunchFailure"
+        xid, text = 79, DEMO_XID_TEXT.format(bus=p.bus, pid=p.pid)
+        err, enum = "unspecified launch failure", "cudaErrorLaunchFailure"
         sc.kern(t, p.host, text)
     else:
         xid = sc.pick("xid", [79, 79, 48, 95])
@@ -115,16 +117,16 @@ def gpu_hardware_error(sc: Stage, t: float, p: Process) -> Outcome:
 @story("cuda_library_error")
 def cuda_library_error(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
-    frames = step_frames(env) + [(env.lib("torch/nn/modules/linear.py"), 125, "forward",
+    frames = [*step_frames(env), (env.lib("torch/nn/modules/linear.py"), 125, "forward",
                                   "return F.linear(input, self.weight, self.bias)")]
     if sc.pick("lib", ["cublas", "cublas", "cudnn"]) == "cudnn":
         frames[-1] = (env.lib("torch/nn/modules/conv.py"), 454, "_conv_forward",
                       "return F.conv2d(input, weight, bias, self.stride,")
         exc = [f"{env.accelerator_error}: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"]
     else:
-        exc = [f"{env.accelerator_error}: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx( handle, "
+        exc = [(f"{env.accelerator_error}: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx( handle, "
                "opa, opb, m, n, k, &falpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &fbeta, c, CUDA_R_16BF, ldc, "
-               "compute_type, CUBLAS_GEMM_DEFAULT_TENSOR_OP)`"]
+               "compute_type, CUBLAS_GEMM_DEFAULT_TENSOR_OP)`")]
     sc.rank(t, p, traceback(frames, exc))
     return Outcome(exc[0], story=exc[0].split(":")[1].strip())
 
@@ -141,26 +143,26 @@ def shm_exhausted(sc: Stage, t: float, p: Process) -> Outcome:
         first = f"Error: failed to extend {seg} to 9637892 bytes, error: No space left on device (28)"
         t = sc.nccl(t, p, first)
         t = sc.nccl(t, p, f"Error while creating shared memory segment {seg} (size 9637888)")
-        exc = [f"{env.dist_backend_error}: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
-               f"unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version {env.nccl}",
+        exc = [(f"{env.dist_backend_error}: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
+               f"unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version {env.nccl}"),
                "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. ",
                "Last error:", f"Error while creating shared memory segment {seg} (size 9637888)"]
         sc.rank(t + 0.01, p, traceback(step_frames(env, backward=True), exc))
         return Outcome(f"NCCL WARN {first}", story="NCCL shm segment")
     worker = p.pid + 97
-    t = sc.rank(t, p, ["ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared "
-                       "memory (shm)."])
+    t = sc.rank(t, p, [("ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared "
+                       "memory (shm).")])
     dl = env.lib("torch/utils/data/dataloader.py")
     inner = traceback(
         [(dl, 1133, "_try_get_data", "data = self._data_queue.get(timeout=timeout)"),
          ("/usr/lib/python3.10/multiprocessing/queues.py", 113, "get", "if not self._poll(timeout):"),
          (env.lib("torch/utils/data/_utils/signal_handling.py"), 67, "handler", "_error_if_any_worker_fails()")],
-        [f"RuntimeError: DataLoader worker (pid {worker}) is killed by signal: Bus error. It is possible that "
-         "dataloader's workers are out of shared memory. Please try to raise your shared memory limit."])
+        [(f"RuntimeError: DataLoader worker (pid {worker}) is killed by signal: Bus error. It is possible that "
+         "dataloader's workers are out of shared memory. Please try to raise your shared memory limit.")])
     outer = traceback([(env.script, 388, "train", "for step, batch in enumerate(train_loader):"),
                        (dl, 1329, "_next_data", "idx, data = self._get_data()"),
-                       (dl, 1146, "_try_get_data", "raise RuntimeError(f'DataLoader worker (pid(s) {pids_str}) exited "
-                                                   "unexpectedly') from e")],
+                       (dl, 1146, "_try_get_data", ("raise RuntimeError(f'DataLoader worker (pid(s) {pids_str}) exited "
+                                                   "unexpectedly') from e"))],
                       [f"RuntimeError: DataLoader worker (pid(s) {worker}) exited unexpectedly"], chained_from=inner)
     sc.rank(t + 0.2, p, outer)
     return Outcome("ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared "
@@ -172,7 +174,7 @@ def host_oom_kill(sc: Stage, t: float, p: Process) -> Outcome:
     """The kernel's OOM killer picks the rank (mm/oom_kill.c), the agent sees exit -9."""
     rss = sc.rng.randint(150_000_000, 190_000_000)
     cgroup = sc.pick("oom_scope", [False, True])
-    t = sc.kern(t, p.host, f"pt_data_worker invoked oom-killer: gfp_mask=0x140dca(GFP_HIGHUSER_MOVABLE|__GFP_COMP|__GFP_ZERO), "
+    t = sc.kern(t, p.host, "pt_data_worker invoked oom-killer: gfp_mask=0x140dca(GFP_HIGHUSER_MOVABLE|__GFP_COMP|__GFP_ZERO), "
                            "order=0, oom_score_adj=0")
     scope = "CONSTRAINT_MEMCG" if cgroup else "CONSTRAINT_NONE"
     t = sc.kern(t + 0.002, p.host, f"oom-kill:constraint={scope},nodemask=(null),cpuset=/,mems_allowed=0-1,"
@@ -241,13 +243,15 @@ def nccl_error(sc: Stage, t: float, p: Process) -> Outcome:
     t = sc.nccl(t, p, first)
     t = sc.nccl(t, p, "transport/net_ib.cc:1195 -> 2", level="INFO")
     t = sc.nccl(t, p, "transport/net.cc:711 -> 2", level="INFO")
-    exc = [f"{env.dist_backend_error}: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, unhandled system "
-           f"error (run with NCCL_DEBUG=INFO for details), NCCL version {env.nccl}",
+    exc = [(f"{env.dist_backend_error}: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, unhandled system "
+           f"error (run with NCCL_DEBUG=INFO for details), NCCL version {env.nccl}"),
            "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. ",
            "Last error:", first]
-    frames = step_frames(env, backward=True)[:3] + [
+    frames = [
+        *step_frames(env, backward=True)[:3],
         (env.lib("torch/distributed/c10d_logger.py"), 83, "wrapper", "return func(*args, **kwargs)"),
-        (env.lib("torch/distributed/distributed_c10d.py"), 2501, "all_reduce", "work = group.allreduce([tensor], opts)")]
+        (env.lib("torch/distributed/distributed_c10d.py"), 2501, "all_reduce", "work = group.allreduce([tensor], opts)"),
+    ]
     sc.rank(t + 0.01, p, traceback(frames, exc))
     return Outcome(f"NCCL WARN {first}", story="ibv_reg_mr failed (system error)")
 
@@ -277,8 +281,8 @@ def rendezvous_failure(sc: Stage, t: float, p: Process) -> Outcome:
             [("/usr/local/bin/torchrun", 8, "<module>", "sys.exit(main())"),
              (sc.env.lib("torch/distributed/elastic/agent/server/api.py"), 486, "_rendezvous",
               "store, group_rank, group_world_size = spec.rdzv_handler.next_rendezvous()")],
-            ["torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has "
-             "failed. See inner exception for details."]))
+            [("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has "
+             "failed. See inner exception for details.")]))
     return Outcome(head, story="TCPStore port in use on the master host", host_level=True)
 
 
@@ -303,7 +307,7 @@ def straggler_hang(sc: Stage, t: float, p: Process) -> Outcome:
     next collective. With TORCH_NCCL_DESYNC_DEBUG=1 rank 0's watchdog adds the desync report."""
     if sc.env.torch >= (2, 3) and sc.pick("desync", [False, True]):
         sc.desync_report = True
-        return Outcome("ranks [{}] are the lagging ranks that caused this timeout".format(p.rank), exitcode=-6,
+        return Outcome(f"ranks [{p.rank}] are the lagging ranks that caused this timeout", exitcode=-6,
                        story="hang, with the desync report")
     return Outcome("", exitcode=-6, story="hang: missing from the timeout reports")
 
@@ -343,8 +347,8 @@ def network_fabric_error(sc: Stage, t: float, p: Process) -> Outcome:
         first = f"NET/IB : Got completion from peer {addr} with error 12, opcode 0, len 0, vendor err 129 (Send)"
     t = sc.nccl(t, p, first)
     t = sc.nccl(t, p, "transport/net.cc:1298 -> 6", level="INFO")
-    exc = [f"{env.dist_backend_error}: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:2027, "
-           f"remote process exited or there was a network error, NCCL version {env.nccl}",
+    exc = [(f"{env.dist_backend_error}: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:2027, "
+           f"remote process exited or there was a network error, NCCL version {env.nccl}"),
            "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
            "Last error:", first]
     sc.rank(t + 0.02, p, traceback(step_frames(env, backward=True)[:3], exc))
@@ -372,8 +376,8 @@ def loss_nan(sc: Stage, t: float, p: Process) -> Outcome:
             "forward call that caused the error:")
     exc = "RuntimeError: Function 'LogSoftmaxBackward0' returned nan values in its 0th output."
     sc.rank(t, p, [warn, f'  File "{env.script}", line 327, in train_step', "    outputs = model(**batch)",
-                   " (Triggered internally at ../torch/csrc/autograd/python_anomaly_mode.cpp:111.)"]
-            + traceback(step_frames(env, backward=True), [exc]))
+                   " (Triggered internally at ../torch/csrc/autograd/python_anomaly_mode.cpp:111.)",
+                   *traceback(step_frames(env, backward=True), [exc])])
     return Outcome(exc, story="autograd anomaly mode")
 
 
@@ -419,10 +423,11 @@ def nccl_reduce_scatter_sdc(sc: Stage, t: float, p: Process) -> Outcome:
     sc.rank(t, p, [text])
     head = sc.hosts[0].procs[0]
     rows = ["#                                                              out-of-place                       in-place",
-            "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
-            f"   134217728       {134217728 // 4 // sc.world_size:>7}     float     sum      -1   1873.2   71.65  "
-            f"70.53    {wrong}   1869.8   71.78   70.66      0"]
-    sc.rank(t + 0.01, head, rows + ["# Out of bounds values : 1 FAILED", "# Avg bus bandwidth    : 70.5953 "])
+            ("#       size         count      type   redop    root     time   algbw   busbw #wrong"
+             "     time   algbw   busbw #wrong"),
+            (f"   134217728       {134217728 // 4 // sc.world_size:>7}     float     sum      -1   1873.2   71.65  "
+            f"70.53    {wrong}   1869.8   71.78   70.66      0")]
+    sc.rank(t + 0.01, head, [*rows, "# Out of bounds values : 1 FAILED", "# Avg bus bandwidth    : 70.5953 "])
     return Outcome(text, story="nccl-tests wrong elements")
 
 
@@ -442,8 +447,8 @@ def inference_engine_failure(sc: Stage, t: float, p: Process) -> Outcome:
                                 "output = func(*args, **kwargs)"),
                                (sc.env.lib("vllm/v1/worker/gpu_model_runner.py"), 1232, "execute_model",
                                 "hidden_states = self.model(")],
-                              ["RuntimeError: Expected all tensors to be on the same device, but found at least two "
-                               f"devices, cuda:{p.local_rank} and cpu!"]):
+                              [("RuntimeError: Expected all tensors to be on the same device, but found at least two "
+                               f"devices, cuda:{p.local_rank} and cpu!")]):
             t = sc.vllm(t, p, "E", src, body)
         story_name = "worker exception"
     else:
@@ -454,7 +459,7 @@ def inference_engine_failure(sc: Stage, t: float, p: Process) -> Outcome:
         sc.vllm(t, None, "E", "multiproc_executor.py:140", first, host=head)
     t = sc.vllm(t + 0.1, None, "E", "core.py:588", "EngineCore encountered a fatal error.", host=head)
     sc.vllm(t + 0.3, None, "E", "async_llm.py:420", "AsyncLLM output_handler failed.", host=head)
-    sc.raw(t + 0.31, head, ["vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
-                            "(above) for the root cause."])
+    sc.raw(t + 0.31, head, [("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
+                            "(above) for the root cause.")])
     sc.vllm(t + 0.5, None, "I", "launcher.py:80", "Shutting down FastAPI HTTP server.", host=head)
     return Outcome(first, story=story_name)

@@ -55,16 +55,16 @@ def streaming_data_error(sc: Stage, t: float, p: Process) -> Outcome:
     host = bucket.split("/")[2]
     frames: list[Frame] = [(env.script, 144, "__iter__", "buf = self._read_shard(url)"),
                            (env.script, 121, "_read_shard", "return obj['Body'].read()"),
-                           (env.lib("botocore/response.py"), 99, "read", "chunk = self." "_raw_stream.read(amt)")]  # split: see upstream.py
+                           (env.lib("botocore/response.py"), 99, "read", ("chunk = self." "_raw_stream.read(amt)"))]  # noqa: ISC001 - split: see upstream.py
     if sc.pick("stream", ["read_timeout", "incomplete"]) == "read_timeout":
-        exc = [f'botocore.exceptions.ReadTimeoutError: Read timeout on endpoint URL: "https://{host}.s3.us-east-1.'
-               f'amazonaws.com/{shard.split("/", 3)[3]}"']
+        exc = [(f'botocore.exceptions.ReadTimeoutError: Read timeout on endpoint URL: "https://{host}.s3.us-east-1.'
+               f'amazonaws.com/{shard.split("/", 3)[3]}"')]
         kind = "S3 read timeout"
     else:
         n = sc.rng.randint(1, 60) * 1048576
-        exc = ["botocore.exceptions.ResponseStreamingError: An error occurred while reading from response stream: "
+        exc = [("botocore.exceptions.ResponseStreamingError: An error occurred while reading from response stream: "
                f"('Connection broken: IncompleteRead({n} bytes read, {134217728 - n} more expected)', "
-               f"IncompleteRead({n} bytes read, {134217728 - n} more expected))"]
+               f"IncompleteRead({n} bytes read, {134217728 - n} more expected))")]
         kind = "S3 stream broken mid-read"
     _worker_reraise(sc, t, p, frames, exc, wrapper="RuntimeError")
     return Outcome(exc[0], story=kind)
@@ -73,11 +73,13 @@ def streaming_data_error(sc: Stage, t: float, p: Process) -> Outcome:
 @story("s3_slowdown")
 def s3_slowdown(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
-    frames: list[Frame] = [(env.script, 121, "_read_shard", "obj = self.s3.get_object(Bucket=bucket, Key=key)"),
-                           (env.lib("botocore/client.py"), 569, "_api_call", "return self._make_api_call(operation_name, kwargs)"),
-                           (env.lib("botocore/client.py"), 1023, "_make_api_call", "raise error_class(parsed_response, operation_name)")]
-    exc = ["botocore.exceptions.ClientError: An error occurred (SlowDown) when calling the GetObject operation "
-           "(reached max retries: 4): Please reduce your request rate."]
+    frames: list[Frame] = [
+        (env.script, 121, "_read_shard", "obj = self.s3.get_object(Bucket=bucket, Key=key)"),
+        (env.lib("botocore/client.py"), 569, "_api_call", "return self._make_api_call(operation_name, kwargs)"),
+        (env.lib("botocore/client.py"), 1023, "_make_api_call", "raise error_class(parsed_response, operation_name)"),
+    ]
+    exc = [("botocore.exceptions.ClientError: An error occurred (SlowDown) when calling the GetObject operation "
+           "(reached max retries: 4): Please reduce your request rate.")]
     _worker_reraise(sc, t, p, frames, exc)
     return Outcome(exc[0], story="GetObject throttled")
 
@@ -86,18 +88,19 @@ def s3_slowdown(sc: Stage, t: float, p: Process) -> Outcome:
 def gcs_auth_expired(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     if sc.pick("cloud", ["gcs", "aws"]) == "gcs":
-        frames: list[Frame] = [(env.lib("gcsfs/core.py"), 1090, "_cat_file", "headers, out = await self._call(\"GET\", u2, headers=head)"),
+        frames: list[Frame] = [(env.lib("gcsfs/core.py"), 1090, "_cat_file",
+                                "headers, out = await self._call(\"GET\", u2, headers=head)"),
                                (env.lib("gcsfs/credentials.py"), 187, "maybe_refresh", "self.credentials.refresh(req)"),
                                (env.lib("google/oauth2/_client.py"), 69, "_handle_error_response",
                                 "raise exceptions.RefreshError(")]
-        exc = ["google.auth.exceptions.RefreshError: ('invalid_grant: Token has been expired or revoked.', "
-               "{'error': 'invalid_grant', 'error_description': 'Token has been expired or revoked.'})"]
+        exc = [("google.auth.exceptions.RefreshError: ('invalid_grant: Token has been expired or revoked.', "
+               "{'error': 'invalid_grant', 'error_description': 'Token has been expired or revoked.'})")]
         kind = "GCS user credentials revoked"
     else:
         frames = [(env.script, 121, "_read_shard", "obj = self.s3.get_object(Bucket=bucket, Key=key)"),
                   (env.lib("botocore/client.py"), 1023, "_make_api_call", "raise error_class(parsed_response, operation_name)")]
-        exc = ["botocore.exceptions.ClientError: An error occurred (ExpiredToken) when calling the GetObject operation: "
-               "The provided token has expired."]
+        exc = [("botocore.exceptions.ClientError: An error occurred (ExpiredToken) when calling the GetObject operation: "
+               "The provided token has expired.")]
         kind = "AWS session token expired"
     _worker_reraise(sc, t, p, frames, exc, wrapper="RuntimeError")
     return Outcome(exc[0], story=kind)
@@ -128,8 +131,8 @@ def dataloader_worker_killed(sc: Stage, t: float, p: Process) -> Outcome:
          (env.lib("torch/utils/data/_utils/signal_handling.py"), 67, "handler", "_error_if_any_worker_fails()")],
         [f"RuntimeError: DataLoader worker (pid {worker}) is killed by signal: Killed. "])
     outer = traceback([(env.script, 388, "train", "for step, batch in enumerate(train_loader):"),
-                       (dl, 1146, "_try_get_data", "raise RuntimeError(f'DataLoader worker (pid(s) {pids_str}) exited "
-                                                   "unexpectedly') from e")],
+                       (dl, 1146, "_try_get_data", ("raise RuntimeError(f'DataLoader worker (pid(s) {pids_str}) exited "
+                                                   "unexpectedly') from e"))],
                       [f"RuntimeError: DataLoader worker (pid(s) {worker}) exited unexpectedly"], chained_from=inner)
     sc.rank(t, p, outer)
     return Outcome(f"RuntimeError: DataLoader worker (pid {worker}) is killed by signal: Killed. ", story="worker SIGKILL")
@@ -142,14 +145,14 @@ def dataset_license_issue(sc: Stage, t: float, p: Process) -> Outcome:
     frames: list[Frame] = [(env.script, 540, "main", f"ds = load_dataset(\"{repo}\", split=\"train\", streaming=True)"),
                            (env.lib("datasets/load.py"), 2062, "load_dataset", "builder_instance = load_dataset_builder(")]
     if sc.pick("gated_variant", ["hub", "datasets"]) == "hub":
-        exc = ["huggingface_hub.errors.GatedRepoError: 403 Client Error. (Request ID: Root=1-67d3f0a1-2b9c6e0f1a7d4c3b5e6f7a8b;"
-               "9d1c2b3a-4e5f-6a7b-8c9d-0e1f2a3b4c5d)", "",
+        exc = [("huggingface_hub.errors.GatedRepoError: 403 Client Error. (Request ID: Root=1-67d3f0a1-2b9c6e0f1a7d4c3b5e6f7a8b;"
+               "9d1c2b3a-4e5f-6a7b-8c9d-0e1f2a3b4c5d)"), "",
                f"Cannot access gated repo for url https://huggingface.co/datasets/{repo}/resolve/main/README.md.",
-               f"Access to dataset {repo} is restricted and you are not in the authorized list. Visit "
-               f"https://huggingface.co/datasets/{repo} to ask for access."]
+               (f"Access to dataset {repo} is restricted and you are not in the authorized list. Visit "
+               f"https://huggingface.co/datasets/{repo} to ask for access.")]
     else:
-        exc = [f"datasets.exceptions.DatasetNotFoundError: Dataset '{repo}' is a gated dataset on the Hub. You must be "
-               "authenticated to access it."]
+        exc = [(f"datasets.exceptions.DatasetNotFoundError: Dataset '{repo}' is a gated dataset on the Hub. You must be "
+               "authenticated to access it.")]
     sc.rank(t, p, traceback(frames, exc))
     return Outcome(exc[0] if len(exc) == 1 else exc[2], story="gated dataset")
 
@@ -220,8 +223,8 @@ def partial_checkpoint_save(sc: Stage, t: float, p: Process) -> Outcome:
 def unpickling_truncated(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
     s = env.lib("torch/serialization.py")
-    frames = load_frames(env, _ckpt(sc))[:3] + [(s, 1040, "load", "return _legacy_load("),
-                                                  (s, 1258, "_legacy_load", "magic_number = pickle_module.load(f, **pickle_load_args)")]
+    frames = [*load_frames(env, _ckpt(sc))[:3], (s, 1040, "load", "return _legacy_load("),
+              (s, 1258, "_legacy_load", "magic_number = pickle_module.load(f, **pickle_load_args)")]
     exc = sc.pick("pickle", [["_pickle.UnpicklingError: pickle data was truncated"], ["EOFError: Ran out of input"]])
     return _load_error(sc, t, p, exc, "legacy checkpoint cut short", frames=frames)
 
@@ -233,10 +236,10 @@ def torch_load_failed(sc: Stage, t: float, p: Process) -> Outcome:
     if variant == "lfs":
         # a git-lfs pointer file where the weights should be (transformers' load_state_dict)
         mu = env.lib("transformers/modeling_utils.py")
-        inner = traceback([(mu, 575, "load_state_dict", "return torch.load(checkpoint_file, map_location=map_location, "
-                                                        "weights_only=True)")], ["_pickle.UnpicklingError: invalid load key, 'v'."])
-        exc = ["OSError: You seem to have cloned a repository without having git-lfs installed. Please install git-lfs and "
-               "run `git lfs install` followed by `git lfs pull` in the folder you cloned."]
+        load = "return torch.load(checkpoint_file, map_location=map_location, weights_only=True)"
+        inner = traceback([(mu, 575, "load_state_dict", load)], ["_pickle.UnpicklingError: invalid load key, 'v'."])
+        exc = [("OSError: You seem to have cloned a repository without having git-lfs installed. Please install git-lfs and "
+               "run `git lfs install` followed by `git lfs pull` in the folder you cloned.")]
         return _load_error(sc, t, p, exc, "git-lfs pointer instead of weights",
                            frames=[(env.script, 540, "main", "model = AutoModelForCausalLM.from_pretrained(args.model)"),
                                    (mu, 587, "load_state_dict", 'if f.read(7) == "version":')], chained=inner)
@@ -244,42 +247,42 @@ def torch_load_failed(sc: Stage, t: float, p: Process) -> Outcome:
         exc = ["RuntimeError: PytorchStreamReader failed locating file data.pkl: file not found"]
         return _load_error(sc, t, p, exc, "zip without data.pkl",
                            frames=load_frames(env, _ckpt(sc)) + _zip_reader_frames(env))
-    exc = ["RuntimeError: Attempting to deserialize object on CUDA device 3 but torch.cuda.device_count() is 1. Please "
-           "use torch.load with map_location to map your storages to an existing device."]
+    exc = [("RuntimeError: Attempting to deserialize object on CUDA device 3 but torch.cuda.device_count() is 1. Please "
+           "use torch.load with map_location to map your storages to an existing device.")]
     return _load_error(sc, t, p, exc, "saved on a GPU this process does not see",
                        frames=load_frames(env, _ckpt(sc))[:3] + _record_frames(env)[:3])
 
 
 @story("weights_only_unpickling_error", "all")
 def weights_only_unpickling_error(sc: Stage, t: float, p: Process) -> Outcome:
-    exc = ["_pickle.UnpicklingError: Weights only load failed. This file can still be loaded, to do so you have two "
-           "options, \x1b[1mdo those steps only if you trust the source of the checkpoint\x1b[0m. ",
-           "\t(1) In PyTorch 2.6, we changed the default value of the `weights_only` argument in `torch.load` from `False` "
+    exc = [("_pickle.UnpicklingError: Weights only load failed. This file can still be loaded, to do so you have two "
+           "options, \x1b[1mdo those steps only if you trust the source of the checkpoint\x1b[0m. "),
+           ("\t(1) In PyTorch 2.6, we changed the default value of the `weights_only` argument in `torch.load` from `False` "
            "to `True`. Re-running `torch.load` with `weights_only` set to `False` will likely succeed, but it can result "
-           "in arbitrary code execution. Do it only if you got the file from a trusted source.",
-           "\t(2) Alternatively, to load with `weights_only=True` please check the recommended steps in the following "
-           "error message.",
-           "\tWeightsUnpickler error: Unsupported global: GLOBAL argparse.Namespace was not an allowed global by default. "
+           "in arbitrary code execution. Do it only if you got the file from a trusted source."),
+           ("\t(2) Alternatively, to load with `weights_only=True` please check the recommended steps in the following "
+           "error message."),
+           ("\tWeightsUnpickler error: Unsupported global: GLOBAL argparse.Namespace was not an allowed global by default. "
            "Please use `torch.serialization.add_safe_globals([Namespace])` or the "
            "`torch.serialization.safe_globals([Namespace])` context manager to allowlist this global if you trust this "
-           "class/function.", "",
-           "Check the documentation of torch.load to learn more about types accepted by default with weights_only "
-           "https://pytorch.org/docs/stable/generated/torch.load.html."]
+           "class/function."), "",
+           ("Check the documentation of torch.load to learn more about types accepted by default with weights_only "
+           "https://pytorch.org/docs/stable/generated/torch.load.html.")]
     return _load_error(sc, t, p, exc, "torch 2.6 weights_only default")
 
 
 @story("checkpoint_version_incompatible", "all")
 def checkpoint_version_incompatible(sc: Stage, t: float, p: Process) -> Outcome:
     if sc.pick("version", ["format", "numpy"]) == "format":
-        exc = ["RuntimeError: Attempted to read a PyTorch file with version 10, but the maximum supported version for "
-               "reading is 9. Your PyTorch installation may be too old."]
+        exc = [("RuntimeError: Attempted to read a PyTorch file with version 10, but the maximum supported version for "
+               "reading is 9. Your PyTorch installation may be too old.")]
         return _load_error(sc, t, p, exc, "file format newer than this torch",
                            frames=load_frames(sc.env, _ckpt(sc)) + _zip_reader_frames(sc.env))
     exc = ["ModuleNotFoundError: No module named 'numpy._core'"]
     s = sc.env.lib("torch/serialization.py")
     return _load_error(sc, t, p, exc, "saved with numpy 2, loaded with numpy 1",
-                       frames=load_frames(sc.env, _ckpt(sc))[:3] + [(s, 1628, "_load", "result = unpickler.load()"),
-                                                                   (s, 1620, "find_class", "return super().find_class(mod_name, name)")])
+                       frames=[*load_frames(sc.env, _ckpt(sc))[:3], (s, 1628, "_load", "result = unpickler.load()"),
+                               (s, 1620, "find_class", "return super().find_class(mod_name, name)")])
 
 
 @story("safetensors_load_error", "all")
@@ -297,23 +300,22 @@ def safetensors_load_error(sc: Stage, t: float, p: Process) -> Outcome:
 @story("model_state_dict_mismatch", "all")
 def model_state_dict_mismatch(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
-    frames = load_frames(env, _ckpt(sc))[:2] + [
-        (env.script, 214, "load_checkpoint", "model.load_state_dict(ckpt[\"model\"])"),
-        (env.lib("torch/nn/modules/module.py"), 2584, "load_state_dict", "raise RuntimeError(")]
+    frames = [*load_frames(env, _ckpt(sc))[:2], (env.script, 214, "load_checkpoint", 'model.load_state_dict(ckpt["model"])'),
+              (env.lib("torch/nn/modules/module.py"), 2584, "load_state_dict", "raise RuntimeError(")]
     exc = ["RuntimeError: Error(s) in loading state_dict for LlamaForCausalLM:",
-           "\tsize mismatch for lm_head.weight: copying a param with shape torch.Size([32000, 4096]) from checkpoint, the "
-           "shape in current model is torch.Size([32064, 4096]).",
-           "\tsize mismatch for model.embed_tokens.weight: copying a param with shape torch.Size([32000, 4096]) from "
-           "checkpoint, the shape in current model is torch.Size([32064, 4096])."]
+           ("\tsize mismatch for lm_head.weight: copying a param with shape torch.Size([32000, 4096]) from checkpoint, the "
+           "shape in current model is torch.Size([32064, 4096])."),
+           ("\tsize mismatch for model.embed_tokens.weight: copying a param with shape torch.Size([32000, 4096]) from "
+           "checkpoint, the shape in current model is torch.Size([32064, 4096]).")]
     return _load_error(sc, t, p, exc, "vocabulary resized", frames=frames)
 
 
 @story("optimizer_state_dict_mismatch", "all")
 def optimizer_state_dict_mismatch(sc: Stage, t: float, p: Process) -> Outcome:
     env = sc.env
-    frames = load_frames(env, _ckpt(sc))[:2] + [
-        (env.script, 216, "load_checkpoint", "optimizer.load_state_dict(ckpt[\"optimizer\"])"),
-        (env.lib("torch/optim/optimizer.py"), 903, "load_state_dict", "raise ValueError(")]
+    frames = [*load_frames(env, _ckpt(sc))[:2],
+              (env.script, 216, "load_checkpoint", 'optimizer.load_state_dict(ckpt["optimizer"])'),
+              (env.lib("torch/optim/optimizer.py"), 903, "load_state_dict", "raise ValueError(")]
     exc = ["ValueError: loaded state dict contains a parameter group that doesn't match the size of optimizer's group"]
     return _load_error(sc, t, p, exc, "parameter groups changed", frames=frames)
 
@@ -324,18 +326,19 @@ def optimizer_state_resize_failure(sc: Stage, t: float, p: Process) -> Outcome:
     if sc.pick("resize", ["zero", "megatron"]) == "zero":
         frames: list[Frame] = [(env.script, 540, "main", "_, client_state = engine.load_checkpoint(args.ckpt_dir)"),
                                (env.lib("deepspeed/runtime/engine.py"), 2930, "load_checkpoint",
-                                "success = self._load_zero_checkpoint(load_dir, tag, load_optimizer_states=load_optimizer_states)"),
+                                ("success = self._load_zero_checkpoint(load_dir, tag, "
+                                 "load_optimizer_states=load_optimizer_states)")),
                                (env.lib("deepspeed/runtime/engine.py"), 3097, "_load_zero_checkpoint",
                                 "raise ZeRORuntimeException(")]
-        exc = [f"deepspeed.runtime.zero.utils.ZeRORuntimeException: The checkpoint being loaded used a DP world size of "
+        exc = [(f"deepspeed.runtime.zero.utils.ZeRORuntimeException: The checkpoint being loaded used a DP world size of "
                f"{sc.world_size // 2} but the current world size is {sc.world_size}. Automatic adjustment of ZeRO's "
-               "optimizer state partitioning with a new world size is not currently supported."]
+               "optimizer state partitioning with a new world size is not currently supported.")]
         return _load_error(sc, t, p, exc, "ZeRO DP world size changed", frames=frames)
-    frames = [("/app/megatron/training/checkpointing.py", 1180, "load_checkpoint", "raise RuntimeError(f\"{mismatch_msg}: "
-               "not supported for DistributedOptimizer with sharding type {sharding_type}.\"")]
-    exc = ["RuntimeError: (TP, PP) mismatch after resume ((8, 1) vs (4, 2) from checkpoint): not supported for "
+    frames = [("/app/megatron/training/checkpointing.py", 1180, "load_checkpoint", ("raise RuntimeError(f\"{mismatch_msg}: "
+               "not supported for DistributedOptimizer with sharding type {sharding_type}.\""))]
+    exc = [("RuntimeError: (TP, PP) mismatch after resume ((8, 1) vs (4, 2) from checkpoint): not supported for "
            "DistributedOptimizer with sharding type dp_zero_gather_scatter. Please use `--ckpt-convert-format torch_dist "
-           "--ckpt-convert-save ...` to convert the checkpoint to the torch_dist format."]
+           "--ckpt-convert-save ...` to convert the checkpoint to the torch_dist format.")]
     return _load_error(sc, t, p, exc, "Megatron TP/PP changed", frames=frames)
 
 
@@ -348,8 +351,8 @@ def deepspeed_universal_checkpoint_sort(sc: Stage, t: float, p: Process) -> Outc
                             "self.optimizer.load_universal_checkpoint(load_path)"),
                            (env.lib("deepspeed/checkpoint/universal_checkpoint.py"), 95, "load_hp_checkpoint_state",
                             "assert full_param_numel == tp_world_size * tp_slice_numel, \\")]
-    exc = [f"AssertionError: Loading /ckpt/global_step1000_universal/zero/{param}/fp32.pt full param numel 45088768 != "
-           "tensor slice numel 11272192 * tp_world_size 2"]
+    exc = [(f"AssertionError: Loading /ckpt/global_step1000_universal/zero/{param}/fp32.pt full param numel 45088768 != "
+           "tensor slice numel 11272192 * tp_world_size 2")]
     return _load_error(sc, t, p, exc, "universal checkpoint slices out of order", frames=frames)
 
 
@@ -363,7 +366,8 @@ def disk_full(sc: Stage, t: float, p: Process) -> Outcome:
     if sc.pick("full", ["enospc", "quota"]) == "quota":
         path = f"/lustre/proj/ckpt/step_{step}/optimizer.pt"
         frames: list[Frame] = [(env.script, 455, "save_checkpoint", "torch.save(optimizer.state_dict(), path)"),
-                               (env.lib("torch/serialization.py"), 849, "save", "with _open_zipfile_writer(f) as opened_zipfile:")]
+                               (env.lib("torch/serialization.py"), 849, "save",
+                                "with _open_zipfile_writer(f) as opened_zipfile:")]
         exc = [f"OSError: [Errno 122] Disk quota exceeded: '{path}'"]
     else:
         tr = env.lib("transformers/trainer.py")
@@ -448,11 +452,11 @@ def distcheckpoint_async_timeout(sc: Stage, t: float, p: Process) -> Outcome:
     if sc.pick("async", ["dcp", "megatron"]) == "megatron":
         text = "Local worker 3 encountered an error: [Errno 5] Input/output error"
         sc.pylog(t, p, text, level="E", logger="megatron.core.dist_checkpointing.strategies.filesystem_async")
-        frames: list[Frame] = [("/app/megatron/core/dist_checkpointing/strategies/async_utils.py", 212, "maybe_finalize_async_calls",
-                                "finalize_fn()"),
+        frames: list[Frame] = [("/app/megatron/core/dist_checkpointing/strategies/async_utils.py", 212,
+                                "maybe_finalize_async_calls", "finalize_fn()"),
                                ("/app/megatron/core/dist_checkpointing/strategies/filesystem_async.py", 402,
-                                "retrieve_write_results", 'raise RuntimeError(f"Worker failure: {write_results_or_exc}") '
-                                                          "from write_results_or_exc")]
+                                "retrieve_write_results", ('raise RuntimeError(f"Worker failure: {write_results_or_exc}") '
+                                                          "from write_results_or_exc"))]
         sc.rank(t + 0.3, p, traceback(frames, ["RuntimeError: Worker failure: [Errno 5] Input/output error"]))
         return Outcome(text, story="Megatron async writer failed")
     frames = [(env.script, 470, "save_checkpoint", "self._future = dcp.async_save(state, checkpoint_id=path)"),

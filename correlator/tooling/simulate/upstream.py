@@ -59,7 +59,7 @@ def traceback(frames: list[Frame], exc: list[str], *, chained_from: list[str] | 
     direct cause of the following exception:")."""
     out: list[str] = []
     if chained_from:
-        out += chained_from + ["", "The above exception was the direct cause of the following exception:", ""]
+        out += [*chained_from, "", "The above exception was the direct cause of the following exception:", ""]
     out.append("Traceback (most recent call last):")
     for file, line, func, src in frames:
         out.append(f'  File "{file}", line {line}, in {func}')
@@ -80,13 +80,13 @@ def step_frames(env: Env, *, backward: bool = False) -> list[Frame]:
             (env.lib("torch/_tensor.py"), 581 if env.torch >= (2, 4) else 522, "backward", "torch.autograd.backward("),
             (env.lib("torch/autograd/__init__.py"), 347 if env.torch >= (2, 4) else 266, "backward", "_engine_run_backward("),
             (env.lib("torch/autograd/graph.py"), 825, "_engine_run_backward",
-             "return Variable." "_execution_engine.run_backward(  # Calls into the C++ engine to run the backward pass"),
+             ("return Variable." "_execution_engine.run_backward(  # Calls into the C++ engine to run the backward pass")),  # noqa: ISC001 - split: see above
         ]
     else:
         frames += [
             (env.script, 327, "train_step", "outputs = model(**batch)"),
             (env.lib("torch/nn/modules/module.py"), 1736 if env.torch >= (2, 5) else 1532, "_wrapped_call_impl",
-             "return self." "_call_impl(*args, **kwargs)"),
+             ("return self." "_call_impl(*args, **kwargs)")),  # noqa: ISC001 - split: see above
             (env.lib("torch/nn/modules/module.py"), 1747 if env.torch >= (2, 5) else 1541, "_call_impl",
              "return forward_call(*args, **kwargs)"),
         ]
@@ -115,18 +115,19 @@ def cuda_error(env: Env, message: str, enum: str) -> list[str]:
                      "for more information.")
     lines.append("For debugging consider passing CUDA_LAUNCH_BLOCKING=1")
     lines.append("Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
-    return lines + [""]
+    return [*lines, ""]
 
 
 def c10_frames(where: str) -> list[str]:
     """The C++ frames c10::Error prints after its message."""
     return [
         f"Exception raised from {where} (most recent call first):",
-        "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f3a5c36c446 in "
-        "/usr/local/lib/python3.10/dist-packages/torch/lib/libc10.so)",
-        "frame #1: c10::detail::torchCheckFail(char const*, char const*, unsigned int, std::string const&) + 0x64 "
-        "(0x7f3a5c3166e4 in /usr/local/lib/python3.10/dist-packages/torch/lib/libc10.so)",
-        "frame #2: <unknown function> + 0x5a4e6b (0x7f3a5c9a4e6b in /usr/local/lib/python3.10/dist-packages/torch/lib/libc10_cuda.so)",
+        ("frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f3a5c36c446 in "
+        "/usr/local/lib/python3.10/dist-packages/torch/lib/libc10.so)"),
+        ("frame #1: c10::detail::torchCheckFail(char const*, char const*, unsigned int, std::string const&) + 0x64 "
+        "(0x7f3a5c3166e4 in /usr/local/lib/python3.10/dist-packages/torch/lib/libc10.so)"),
+        ("frame #2: <unknown function> + 0x5a4e6b (0x7f3a5c9a4e6b in "
+         "/usr/local/lib/python3.10/dist-packages/torch/lib/libc10_cuda.so)"),
         "",
     ]
 
@@ -147,8 +148,8 @@ def init_options(env: Env, prefix: str, size: int, global_rank: int, timeout_ms:
     """ProcessGroupNCCL's constructor log (LOG(INFO) with TORCH_CPP_LOG_LEVEL=INFO / TORCH_DISTRIBUTED_DEBUG)."""
     version = f"NCCL version: {env.nccl}, " if env.torch >= (2, 3) else ""
     return ("ProcessGroupNCCL.cpp:919" if env.torch >= (2, 4) else "ProcessGroupNCCL.cpp:752",
-            f"{prefix} ProcessGroupNCCL initialization options: {version}size: {size}, global rank: {global_rank}, "
-            f"TIMEOUT(ms): {timeout_ms}, USE_HIGH_PRIORITY_STREAM: 0, SPLIT_FROM: 0, SPLIT_COLOR: 0, PG Name: {name}")
+            (f"{prefix} ProcessGroupNCCL initialization options: {version}size: {size}, global rank: {global_rank}, "
+            f"TIMEOUT(ms): {timeout_ms}, USE_HIGH_PRIORITY_STREAM: 0, SPLIT_FROM: 0, SPLIT_COLOR: 0, PG Name: {name}"))
 
 
 def watchdog_lines(env: Env, prefix: str, rank: int, seq: int, op: str, numel: int, timeout_ms: int,
@@ -159,35 +160,35 @@ def watchdog_lines(env: Env, prefix: str, rank: int, seq: int, op: str, numel: i
     if env.torch < (2, 3):
         return [
             ("E", "ProcessGroupNCCL.cpp:475", f"[Rank {rank}] {caught}"),
-            ("E", "ProcessGroupNCCL.cpp:1414", f"[Rank {rank}] Timeout at NCCL work: {seq}, last enqueued NCCL work: "
-                                               f"{enqueued}, last completed NCCL work: {completed}."),
-            ("E", "ProcessGroupNCCL.cpp:489", "Some NCCL operations have failed or timed out. Due to the asynchronous "
+            ("E", "ProcessGroupNCCL.cpp:1414", (f"[Rank {rank}] Timeout at NCCL work: {seq}, last enqueued NCCL work: "
+                                               f"{enqueued}, last completed NCCL work: {completed}.")),
+            ("E", "ProcessGroupNCCL.cpp:489", ("Some NCCL operations have failed or timed out. Due to the asynchronous "
                                               "nature of CUDA kernels, subsequent GPU operations might run on "
-                                              "corrupted/incomplete data."),
+                                              "corrupted/incomplete data.")),
             ("E", "ProcessGroupNCCL.cpp:495", "To avoid data inconsistency, we are taking the entire process down."),
         ]
     if env.torch < (2, 6):
         return [
             ("E", "ProcessGroupNCCL.cpp:607", f"[Rank {rank}] {caught}"),
-            ("E", "ProcessGroupNCCL.cpp:1664", f"{prefix} Exception (either an error or timeout) detected by watchdog at "
+            ("E", "ProcessGroupNCCL.cpp:1664", (f"{prefix} Exception (either an error or timeout) detected by watchdog at "
                                                f"work: {seq}, last enqueued NCCL work: {enqueued}, last completed NCCL "
-                                               f"work: {completed}."),
-            ("E", "ProcessGroupNCCL.cpp:621", f"{prefix} Timeout at NCCL work: {seq}, last enqueued NCCL work: {enqueued}, "
-                                              f"last completed NCCL work: {completed}."),
-            ("E", "ProcessGroupNCCL.cpp:627", f"{prefix} Some NCCL operations have failed or timed out. Due to the "
+                                               f"work: {completed}.")),
+            ("E", "ProcessGroupNCCL.cpp:621", (f"{prefix} Timeout at NCCL work: {seq}, last enqueued NCCL work: {enqueued}, "
+                                              f"last completed NCCL work: {completed}.")),
+            ("E", "ProcessGroupNCCL.cpp:627", (f"{prefix} Some NCCL operations have failed or timed out. Due to the "
                                               "asynchronous nature of CUDA kernels, subsequent GPU operations might run "
-                                              "on corrupted/incomplete data."),
+                                              "on corrupted/incomplete data.")),
             ("E", "ProcessGroupNCCL.cpp:633", f"{prefix} To avoid data inconsistency, we are taking the entire process down."),
-            ("F", "ProcessGroupNCCL.cpp:1509", f"{prefix} Process group watchdog thread terminated with exception: "
-                                               f"[Rank {rank}] {caught}"),
+            ("F", "ProcessGroupNCCL.cpp:1509", (f"{prefix} Process group watchdog thread terminated with exception: "
+                                               f"[Rank {rank}] {caught}")),
         ]
     return [
         ("E", "ProcessGroupNCCL.cpp:632", f"{prefix} {caught}"),
-        ("E", "ProcessGroupNCCL.cpp:2271", f"{prefix}  failure detected by watchdog at work sequence id: {seq} PG status: "
-                                           f"last enqueued work: {enqueued}, last completed work: {completed}"),
-        ("E", "ProcessGroupNCCL.cpp:670", f"{prefix} Some NCCL operations have failed or timed out. Due to the "
+        ("E", "ProcessGroupNCCL.cpp:2271", (f"{prefix}  failure detected by watchdog at work sequence id: {seq} PG status: "
+                                           f"last enqueued work: {enqueued}, last completed work: {completed}")),
+        ("E", "ProcessGroupNCCL.cpp:670", (f"{prefix} Some NCCL operations have failed or timed out. Due to the "
                                           "asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
-                                          "corrupted/incomplete data."),
+                                          "corrupted/incomplete data.")),
         ("E", "ProcessGroupNCCL.cpp:676", f"{prefix} To avoid data inconsistency, we are taking the entire process down."),
         ("F", "ProcessGroupNCCL.cpp:1643", f"{prefix} Process group watchdog thread terminated with exception: {caught}"),
     ]
@@ -214,8 +215,8 @@ def child_failed(script: str, host: str, when: str, first: tuple[int, int, int, 
         "Traceback (most recent call last):",
         f'  File "{launcher}", line 8, in <module>',
         "    sys.exit(main())",
-        '  File "/usr/local/lib/python3.10/dist-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", '
-        "line 355, in wrapper",
+        ('  File "/usr/local/lib/python3.10/dist-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", '
+        "line 355, in wrapper"),
         "    return f(*args, **kwargs)",
         '  File "/usr/local/lib/python3.10/dist-packages/torch/distributed/launcher/api.py", line 263, in launch_agent',
         "    raise ChildFailedError(",

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from correlator.tooling.simulate.job import Host
 from correlator.tooling.simulate.lines import LogLine, render_line, rfc3339, utc_datetime
 from correlator.tooling.simulate.scenario import Scenario
 
 Format = Literal["plain", "fluentbit", "vector", "filebeat", "rsyslog"]
-FORMATS: tuple[str, ...] = ("plain", "fluentbit", "vector", "filebeat", "rsyslog")
+FORMATS: tuple[Format, ...] = get_args(Format)
 _STREAM = "stderr"  # torchrun's workers and its agent write everything (logging, NCCL, glog, tracebacks) there
 
 

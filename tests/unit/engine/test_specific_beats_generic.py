@@ -73,7 +73,7 @@ Root Cause (first observed failure):
   error_file: <N/A>
   traceback : Signal 9 (SIGKILL) received by PID 4101
 ============================================================
-"""
+"""  # noqa: E501 - log lines as torchelastic writes them, whole
 
 
 def _generic_boosted(ruleset: RuleSet) -> RuleSet:

@@ -755,7 +755,8 @@ def test_decode_lines_is_decode_value_with_records_on_demand(value: bytes) -> No
 def test_a_joined_batch_decodes_as_the_same_lines_as_rows(lines: list[tuple[float | None, str | None, str]]) -> None:
     """Version 2 (the lines joined in one string) is what `rootrank ship` writes; version 1 (a row per
     line) is what shippers before it wrote: the worker must read the same records from both."""
-    joined, rows = encode_batch(lines, job_id="j", host="h", offset=3), encode_batch(lines, job_id="j", host="h", offset=3, version=1)
+    joined = encode_batch(lines, job_id="j", host="h", offset=3)
+    rows = encode_batch(lines, job_id="j", host="h", offset=3, version=1)
     assert orjson.loads(joined)["v"] == 2 and "text" in orjson.loads(joined)
     assert orjson.loads(rows)["v"] == 1 and "lines" in orjson.loads(rows)
     assert decode_value(joined, received_ts=RECEIVED) == decode_value(rows, received_ts=RECEIVED)

@@ -161,7 +161,8 @@ GOLDEN: list[tuple[str, Identity]] = [
     ),
     (" 3: step 5", Identity(text="step 5", rank=3)),
     # a rank prefix behind srun's task label names the rank (the task id is the launcher's numbering)
-    ("3: [rank11]: torch.OutOfMemoryError: CUDA out of memory.", Identity(text="torch.OutOfMemoryError: CUDA out of memory.", rank=11)),
+    ("3: [rank11]: torch.OutOfMemoryError: CUDA out of memory.",
+     Identity(text="torch.OutOfMemoryError: CUDA out of memory.", rank=11)),
     # glog as written by torch elastic: severity, time without year, pid, source location
     (
         (

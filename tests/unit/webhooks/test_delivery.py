@@ -23,7 +23,8 @@ from tests.unit.webhooks.incidents import make_incident
 FAST = RetryPolicy(max_attempts=20, initial_backoff_s=0.05, max_backoff_s=0.4, budget_s=30, timeout_s=2)
 
 
-def dispatch(receiver_config: dict[str, object], policy: RetryPolicy, **incident: object) -> tuple[list[DeliveryResult], WebhookDispatcher]:
+def dispatch(receiver_config: dict[str, object], policy: RetryPolicy,
+             **incident: object) -> tuple[list[DeliveryResult], WebhookDispatcher]:
     routes = RouteTable.from_config([{"receivers": ["hook"]}], {"hook": receiver_config})
     dispatcher = WebhookDispatcher(routes=routes, deliverer=Deliverer(policy))
 
@@ -68,7 +69,8 @@ def test_429_retry_after_is_honoured(http_receiver: HttpReceiver) -> None:
 
 def test_retry_after_beyond_the_allowed_wait_dead_letters_at_once(http_receiver: HttpReceiver) -> None:
     http_receiver.throttle_next(1, retry_after="3600")
-    [result], dispatcher = dispatch({"kind": "slack", "url": http_receiver.url()}, FAST.model_copy(update={"max_retry_after_s": 60}))
+    patient = FAST.model_copy(update={"max_retry_after_s": 60})
+    [result], dispatcher = dispatch({"kind": "slack", "url": http_receiver.url()}, patient)
     assert not result.delivered and result.dead_lettered
     assert "Retry-After 3600s" in (result.reason or "")
     assert len(http_receiver.requests) == 1

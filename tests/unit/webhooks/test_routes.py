@@ -67,7 +67,8 @@ def test_a_receiver_listed_by_two_routes_is_notified_once() -> None:
         ([], {"x": {"kind": "pagerduty"}}, "routing_key: Field required"),
     ],
 )
-def test_config_errors_say_where_and_what(routes: list[dict[str, object]], receivers: dict[str, dict[str, object]], problem: str) -> None:
+def test_config_errors_say_where_and_what(routes: list[dict[str, object]], receivers: dict[str, dict[str, object]],
+                                          problem: str) -> None:
     with pytest.raises(ValueError) as err:
         RouteTable.from_config(routes, receivers)  # type: ignore[arg-type]
     assert problem in str(err.value)

@@ -79,25 +79,26 @@ def event(notification: Notification, routing_key: str) -> dict[str, object]:
         "verify": inc.verify,
         "delivery_id": notification.delivery_id,
     }
+    payload: dict[str, object] = {
+        "summary": clip(summary_text(notification), SUMMARY_LIMIT),
+        "source": ini.host or inc.job_id,
+        "severity": SEVERITY.get(inc.severity, "error"),
+        "timestamp": notification.event_time,
+        "component": f"rank {ini.rank}" if ini.rank is not None else "unknown rank",
+        "group": inc.job_id,
+        "class": inc.class_,
+        "custom_details": details,
+    }
     body: dict[str, object] = {
         "routing_key": routing_key,
         "event_action": "trigger",
         "dedup_key": dedup_key,
-        "payload": {
-            "summary": clip(summary_text(notification), SUMMARY_LIMIT),
-            "source": ini.host or inc.job_id,
-            "severity": SEVERITY.get(inc.severity, "error"),
-            "timestamp": notification.event_time,
-            "component": f"rank {ini.rank}" if ini.rank is not None else "unknown rank",
-            "group": inc.job_id,
-            "class": inc.class_,
-            "custom_details": details,
-        },
+        "payload": payload,
         "client": "rootrank",
     }
     if notification.event_time is None:
         # PagerDuty rejects a null timestamp; without one it stamps the arrival time.
-        del body["payload"]["timestamp"]  # type: ignore[attr-defined]
+        del payload["timestamp"]
     if notification.link:
         body["client_url"] = notification.link
         body["links"] = [{"href": notification.link, "text": "Incident in Kibana"}]
