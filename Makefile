@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install sysdeps test unit demo bench fuzz lint lint-imports typecheck corpus-score clean
+.PHONY: install sysdeps test unit demo bench fuzz lint ruff typecheck lint-imports deadcode corpus-score clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,8 @@ install: $(STAMP)
 sysdeps:
 	bash scripts/install-system-deps.sh
 
-test: install sysdeps
-	$(VENV)/bin/lint-imports
+# The gates run first (each stops the build): lint (ruff), types (mypy), architecture (import-linter).
+test: install sysdeps lint
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 unit: install
@@ -38,14 +38,22 @@ bench: install sysdeps
 fuzz: install
 	ROOTRANK_FUZZ_MESSAGES=10000 ROOTRANK_LONG_TESTS=1 $(PY) -m pytest -q tests/integration -k "fuzz or rebalances_mid_stream"
 
-lint: install
-	$(VENV)/bin/ruff check ingest correlator tests
+# ruff, mypy and import-linter, without the tests (rules and settings in pyproject.toml).
+lint: ruff typecheck lint-imports
+
+ruff: install
+	$(VENV)/bin/ruff check ingest correlator tests benchmarks scripts
+
+typecheck: install
+	$(VENV)/bin/mypy
 
 lint-imports: install
 	$(VENV)/bin/lint-imports
 
-typecheck: install
-	$(VENV)/bin/mypy
+# Code nothing seems to use (a review aid: faust hooks, pydantic validators and registered stories are
+# reached by name and show up too; check with grep, tests and docs included, before removing anything).
+deadcode: install
+	$(VENV)/bin/vulture ingest correlator tests benchmarks scripts --min-confidence 60 | grep -v '^tests/' || true
 
 corpus-score: install
 	$(PY) scripts/score_corpus.py
