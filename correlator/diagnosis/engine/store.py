@@ -96,8 +96,8 @@ class SignalLookup:
     the instance's `__dict__`: not a field, not dumped, left out of `==`), and read at the cost of a plain
     attribute. A `PrivateAttr` would do the same, but every read of one goes through
     `BaseModel.__getattr__` after a failed ordinary lookup: 1.4 us against 26 ns, which was a fifth of
-    adding a 326 MB log's signals. `of` is the list it was built for: a copy of the state given other
-    signals (`model_copy(update=...)`) builds its own.
+    adding a 326 MB log's signals. `of` is the list it was built for: read for any other list (a copy of
+    the state given other signals with `model_copy(update=...)` shares this object), it is rebuilt first.
     """
 
     __slots__ = ("floors", "index", "of")
