@@ -188,7 +188,7 @@ JUNK = [
     ("gzip not named .gz", multipart(part("file", gzip.compress(LOG), "r.log") + b"--XyZ--\r\n"), 400, "r.log.gz"),
     (".gz that is not gzip", multipart(part("file", LOG, "r.log.gz") + b"--XyZ--\r\n"), 400, "not gzip data"),
     (".gz of binary", multipart(part("file", gzip.compress(b"\0" * 5000), "r.log.gz") + b"--XyZ--\r\n"), 400,
-     "binary"),
+     "r.log.gz: what the .gz holds is binary"),
 ]
 
 
@@ -225,6 +225,31 @@ def test_size_limit_is_413_declared_or_streamed(diagnoser: Diagnoser, tmp_path: 
 
     serve(diagnoser, test, max_upload_bytes=1 << 20, tmp_root=str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_the_body(diagnoser: Diagnoser) -> None:
+    """Content-Length over the limit: 413 at once, not after reading (or waiting for) the body; asked first
+    (Expect: 100-continue), the client is told before it sends anything, and under the limit it may go on."""
+    head = (b"POST /api/diagnose HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n"
+            b"Content-Length: %d\r\n%s\r\n")
+
+    async def first_line(port: int, request: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(request)
+            await writer.drain()
+            return await asyncio.wait_for(reader.readline(), 5)
+        finally:
+            writer.close()
+
+    async def test(client: TestClient[Any, Any]) -> None:
+        port = client.port
+        assert port is not None
+        assert (await first_line(port, head % (1 << 30, b"") + b"--XyZ\r\n")).startswith(b"HTTP/1.1 413")
+        assert (await first_line(port, head % (1 << 30, b"Expect: 100-continue\r\n"))).startswith(b"HTTP/1.1 413")
+        assert (await first_line(port, head % (1000, b"Expect: 100-continue\r\n"))).startswith(b"HTTP/1.1 100")
+
+    serve(diagnoser, test, max_upload_bytes=1 << 20, idle_s=30)
 
 
 def test_uploads_live_in_one_temporary_folder_removed_after_the_answer(
