@@ -16,8 +16,8 @@ Diagnose. The API: POST /api/diagnose with multipart fields file=@LOG (repeatabl
 relative path, e.g. run/attempt_0/3/stderr.log), text=PASTED-LOG, job=NAME; it answers what
 rootrank diagnose --format json prints for the same files. GET /incident/ID: the picture of a recent one.
 Uploads are written to one temporary folder per request, removed before the answer; nothing is fetched
-from the network. Exit codes: 0 stopped (Ctrl-C, SIGTERM); 2 a usage error, a broken rule set, or an
-address it cannot listen on."""
+from the network. Exit codes: 0 stopped (Ctrl-C, SIGTERM); 1 it could not listen (the port in use); 2 a
+usage error or a broken rule set."""
 
 
 @click.command("serve", epilog=EPILOG,
@@ -29,8 +29,8 @@ address it cannot listen on."""
 @click.option("--rules", "rules_dir", metavar="DIR", help="Rules folder; when not given: the installed library.")
 @click.option("--token", envvar="ROOTRANK_SERVE_TOKEN", metavar="TOKEN",
               help=f"Every request must carry it (Authorization: Bearer TOKEN, or open the printed /?token= address "
-              f"once); at least {MIN_TOKEN_CHARS} characters, e.g. $(openssl rand -hex 16). Also read from "
-              "ROOTRANK_SERVE_TOKEN.")
+              f"once); at least {MIN_TOKEN_CHARS} characters. Better from the environment, ROOTRANK_SERVE_TOKEN "
+              "(a flag is visible to other users in ps).")
 @click.option("--max-upload-mib", default=512, show_default=True, type=click.IntRange(1, 1 << 20), metavar="MIB",
               help="Largest upload, files and pasted text together; a larger one is refused (413) with a message.")
 def serve(host: str, port: int, rules_dir: str | None, token: str | None, max_upload_mib: int) -> int:
@@ -91,7 +91,7 @@ def _run(host: str, port: int, ruleset: object, token: str | None, max_upload_mi
     except OSError as exc:
         print(f"rootrank serve: cannot listen on {host}:{port}: {exc.strerror or exc} (--port N, or --port 0 for any "
               "free port)", file=sys.stderr)
-        return 2
+        return 1
     except KeyboardInterrupt:
         pass
     print("rootrank serve: stopped", file=sys.stderr)

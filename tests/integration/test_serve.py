@@ -13,11 +13,13 @@ import base64
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from tests.fixtures.serve_logs import (
 )
 
 pytestmark = pytest.mark.integration
+needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed (scripts/install-system-deps.sh)")
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT_MIB = 4
@@ -51,15 +54,13 @@ class Server:
         return sorted(os.listdir(self.tmp))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("serve-tmpdir")
+@contextmanager
+def running_server(tmp: Path, *args: str) -> Iterator[Server]:
+    """`rootrank serve --port 0 ARGS` with TMPDIR=tmp, until the block ends; then it must stop cleanly."""
     env = {**os.environ, "TMPDIR": str(tmp)}
     env.pop("ROOTRANK_SERVE_TOKEN", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "correlator.cli", "serve", "--port", "0", "--max-upload-mib", str(LIMIT_MIB)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
+    proc = subprocess.Popen([sys.executable, "-m", "correlator.cli", "serve", "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # printed once it listens
@@ -76,6 +77,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             raise
     assert proc.returncode == 0, err
     assert "rootrank serve: stopped" in err and "Traceback" not in err, err[-3000:]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The server of this module's tests, with a small upload limit."""
+    with running_server(tmp_path_factory.mktemp("serve-tmpdir"), "--max-upload-mib", str(LIMIT_MIB)) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +104,7 @@ def curl(*args: str, cwd: Path) -> tuple[int, bytes]:
 # --- curl --------------------------------------------------------------------------------------------------
 
 
+@needs_curl
 def test_curl_two_files_get_the_json_of_diagnose(server: Server, hosts: list[Path]) -> None:
     expected = diagnose_json(*(h.name for h in hosts), cwd=hosts[0].parent)
     status, body = curl("-F", f"file=@{hosts[0].name}", "-F", f"file=@{hosts[1].name}", f"{server.url}api/diagnose",
@@ -106,6 +115,7 @@ def test_curl_two_files_get_the_json_of_diagnose(server: Server, hosts: list[Pat
     assert server.leftovers() == []
 
 
+@needs_curl
 def test_curl_a_folder_tree_with_relative_names(server: Server, tmp_path: Path) -> None:
     run = torchrun_tree(tmp_path)
     names = [str(p.relative_to(tmp_path)) for p in sorted(run.rglob("*.log"))]
@@ -115,6 +125,7 @@ def test_curl_a_folder_tree_with_relative_names(server: Server, tmp_path: Path) 
     assert json.loads(body)["incidents"][0]["initiator"]["local_rank"] == TREE_INITIATOR_LOCAL_RANK
 
 
+@needs_curl
 def test_curl_over_the_limit_is_413_with_a_message(server: Server, tmp_path: Path) -> None:
     big = tmp_path / "big.log"
     big.write_bytes(b"[rank0]: {'loss': 2.1, 'grad_norm': 0.9, 'learning_rate': 3e-05}\n" * 80_000)  # 5.3 MB
@@ -128,6 +139,7 @@ def test_curl_over_the_limit_is_413_with_a_message(server: Server, tmp_path: Pat
     assert server.leftovers() == []
 
 
+@needs_curl
 def test_curl_binary_file_is_400_naming_it(server: Server, tmp_path: Path) -> None:
     (tmp_path / "core.12345").write_bytes(b"\x7fELF\x02\x01\x01\0" + bytes(range(256)) * 64)
     status, body = curl("-F", "file=@core.12345", f"{server.url}api/diagnose", cwd=tmp_path)
@@ -322,13 +334,14 @@ PICTURE = """JSON.stringify((() => {
 
 
 @needs_chromium
-def test_the_picture_renders_a_lane_per_rank_and_paints_the_initiator(browser: Browser, server: Server,
-                                                                      hosts: list[Path]) -> None:
+def test_the_picture_renders_a_lane_per_rank_and_paints_the_initiator(browser: Browser, hosts: list[Path],
+                                                                      tmp_path: Path) -> None:
     """The screenshot test: one lane per rank of the 16, the SVG laid out, the initiator's mark painted red
-    on screen, the page's PNG not blank. With ROOTRANK_WRITE_SCREENSHOT=1 it becomes docs/img/serve.png."""
+    on screen, the page's PNG not blank. With ROOTRANK_WRITE_SCREENSHOT=1 it becomes docs/img/serve.png.
+    A server of its own, with the default limit, as the page shows it."""
     write_png = os.environ.get("ROOTRANK_WRITE_SCREENSHOT", "") not in ("", "0")
 
-    async def scenario(page: Page) -> tuple[dict[str, Any], bytes, bytes]:
+    async def scenario(page: Page, server: Server) -> tuple[dict[str, Any], bytes, bytes]:
         await open_page(page, server, height=1300)
         await page.drop_files("#dropzone", hosts)
         await page.wait_for("document.querySelectorAll('#files li').length === 2")
@@ -342,7 +355,9 @@ def test_the_picture_renders_a_lane_per_rank_and_paints_the_initiator(browser: B
         assert_stayed_on_loopback(page)
         return picture, base64.b64decode(mark["data"]), whole
 
-    picture, mark_png, page_png = in_browser(browser, scenario)
+    with running_server(tmp_path) as server:
+        picture, mark_png, page_png = in_browser(browser, lambda page: scenario(page, server))
+        assert server.leftovers() == []
     assert sorted(map(int, set(picture["ranks"]))) == list(range(16))  # one lane per rank
     assert picture["initiatorLane"] == "7"
     assert picture["svg"][0] > 600 and picture["svg"][1] > 16 * 10

@@ -385,3 +385,17 @@ def test_listening_beyond_loopback_needs_a_token(capsys: pytest.CaptureFixture[s
     assert main(["serve", "--help"]) == 0
     out = capsys.readouterr().out
     assert "POST /api/diagnose" in out and "--max-upload-mib" in out and "--rules DIR" in out
+
+
+def test_a_port_in_use_is_exit_1_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from correlator.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port 0" in err
