@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
+from urllib.parse import quote
 
 import jinja2
 from aiohttp import web
@@ -214,7 +215,7 @@ async def api_diagnose(request: web.Request) -> web.Response:
     for incident_id, page in outcome.pages.items():
         pages.put(incident_id, page)
     settings.log(_summary(outcome, len(upload.files) + upload.pasted, upload.size, time.monotonic() - started))
-    headers = {"X-Rootrank-Job": outcome.job_id}
+    headers = {"X-Rootrank-Job": quote(outcome.job_id, safe="")}  # a job named after a file may be any text
     if outcome.notes:
         headers["X-Rootrank-Notes"] = json.dumps(outcome.notes)  # ASCII: header-safe
     return web.Response(body=outcome.body, content_type="application/json", headers=headers)

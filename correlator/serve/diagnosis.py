@@ -41,7 +41,7 @@ def diagnose_upload(diagnoser: Diagnoser, upload: Upload) -> Outcome:
         incidents, signals = diagnoser.diagnose(paths, job_id, stats=stats)
     except InputError as exc:
         raise UploadError(400, upload.display(str(exc))) from None
-    notes = [upload.display(f"skipped: {s}") for s in stats.skipped]
+    notes = upload.notes + [upload.display(f"skipped: {s}") for s in stats.skipped]
     if stats.decode_errors:
         notes.append(f"skipped {stats.decode_errors} undecodable JSON line(s)")
     if not stats.files and stats.skipped:

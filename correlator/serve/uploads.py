@@ -44,6 +44,13 @@ class UploadError(Exception):
         self.message = message
 
 
+class NotText(UploadError):
+    """A file the engine would not read as a text log (binary, or not the gzip its name says)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message)
+
+
 @dataclass
 class Upload:
     """What was received, under `root`: files under `root/files/` (their relative paths), the paste in
@@ -55,6 +62,7 @@ class Upload:
     pasted: bool = False
     job: str | None = None
     size: int = 0
+    notes: list[str] = field(default_factory=list)  # files of dropped folders left out, and why
 
     @property
     def pasted_path(self) -> Path:
@@ -117,19 +125,19 @@ def check_text(head: bytes, name: str) -> None:
     """Refuse what the engine would skip as binary, from a file's first bytes (a `.gz` file: what it holds)."""
     if name.lower().endswith(".gz"):
         if not head.startswith(b"\x1f\x8b"):
-            raise UploadError(400, f"{name}: not gzip data, though its name ends in .gz")
+            raise NotText(f"{name}: not gzip data, though its name ends in .gz")
         try:
             head = zlib.decompressobj(wbits=31).decompress(head, SNIFF)
         except zlib.error as exc:
-            raise UploadError(400, f"{name}: not readable gzip data ({exc})") from None
+            raise NotText(f"{name}: not readable gzip data ({exc})") from None
         if looks_binary(head):
-            raise UploadError(400, f"{name}: what the .gz holds is binary, not a text log")
+            raise NotText(f"{name}: what the .gz holds is binary, not a text log")
         return
     if head.startswith(b"\x1f\x8b"):
-        raise UploadError(400, f"{name}: gzip data without .gz in its name: name it {name}.gz")
+        raise NotText(f"{name}: gzip data without .gz in its name: name it {name}.gz")
     if looks_binary(head):
-        raise UploadError(400, f"{name}: binary data (a NUL byte, or mostly not text, in its first 8 KiB): "
-                               "rootrank reads text logs, plain or .gz")
+        raise NotText(f"{name}: binary data (a NUL byte, or mostly not text, in its first 8 KiB): "
+                      "rootrank reads text logs, plain or .gz")
 
 
 async def _store(part: BodyPartReader, dest: Path, name: str, budget: _Budget, idle_s: float) -> int:
@@ -220,7 +228,20 @@ async def _receive_part(part: BodyPartReader, upload: Upload, budget: _Budget,
             raise UploadError(413, f"more than {MAX_FILES} files in one upload: send the folders' logs in fewer files")
         rel = safe_relative_path(part.filename)
         dest = _place(upload, rel, seen_dirs, seen_files)
-        await _store(part, dest, str(rel), budget, idle_s)
+        in_folder = len(rel.parts) > 1
+        if in_folder and rel.name.startswith("."):  # as diagnose reads a folder: hidden files are not logs
+            await _drain(part, budget, idle_s)
+            return
+        try:
+            await _store(part, dest, str(rel), budget, idle_s)
+        except NotText as exc:
+            if not in_folder:
+                raise  # a file sent on its own must be a log
+            # a folder's other files (a core dump, a profile) are skipped with a note, as diagnose skips them
+            await _drain(part, budget, idle_s)
+            dest.unlink(missing_ok=True)
+            upload.notes.append(f"skipped: {exc.message}")
+            return
         upload.files.append(str(rel))
     elif part.name == "text":
         if upload.pasted:
@@ -237,6 +258,12 @@ async def _receive_part(part: BodyPartReader, upload: Upload, budget: _Budget,
         upload.job = value or None
     else:
         raise UploadError(400, f"unknown form field {part.name!r}: {HOW}")
+
+
+async def _drain(part: BodyPartReader, budget: _Budget, idle_s: float) -> None:
+    """Read the rest of a part without keeping it (it still counts towards the limit)."""
+    while chunk := await _within(idle_s, part.read_chunk(CHUNK)):
+        budget.take(len(chunk))
 
 
 async def _within(seconds: float, step: Awaitable[T]) -> T:

@@ -126,6 +126,31 @@ def test_a_torchrun_tree_keeps_its_paths_and_gz_is_read(diagnoser: Diagnoser, tm
     assert json.loads(expected_gz)["incidents"][0]["job_id"] == "my-job"
 
 
+def test_a_dropped_folder_skips_what_diagnose_skips_in_a_folder(diagnoser: Diagnoser, hosts: list[Path],
+                                                                tmp_path: Path) -> None:
+    """Inside a dropped folder, a binary file (a core dump) or a broken .gz is skipped with a note and a hidden
+    file is left out, as `diagnose FOLDER` does; the answer is diagnose's, byte for byte. Sent on its own,
+    the same binary file is refused (the bad-request cases)."""
+    job = tmp_path / "训练-job"  # any text may name a file, a folder and so the job
+    job.mkdir()
+    (job / "node00.log").write_bytes(hosts[0].read_bytes())
+    (job / "core.4242").write_bytes(b"\x7fELF" + bytes(256) * 64)
+    (job / "old.log.gz").write_bytes(b"not gzip")
+    (job / ".DS_Store").write_bytes(b"\0\0\0\1Bud1" + bytes(4000))
+    expected = diagnose_json(job.name, cwd=tmp_path)
+    sent = [(f"{job.name}/{p.name}", p.read_bytes()) for p in sorted(job.iterdir())]
+
+    async def test(client: TestClient[Any, Any]) -> None:
+        status, body, headers = await post(client, form(*sent))
+        assert (status, body) == (200, expected)
+        notes = json.loads(headers["X-Rootrank-Notes"])
+        assert [n.split(":")[1].strip() for n in notes] == [f"{job.name}/core.4242", f"{job.name}/old.log.gz"]
+        assert headers["X-Rootrank-Job"] == "%E8%AE%AD%E7%BB%83-job"  # the job's name, percent-encoded
+
+    serve(diagnoser, test)
+    assert json.loads(expected)["incidents"][0]["job_id"] == "训练-job"
+
+
 def test_the_picture_of_each_incident_is_kept_with_evidence_file_and_line(diagnoser: Diagnoser, hosts: list[Path]) -> None:
     async def test(client: TestClient[Any, Any]) -> None:
         status, body, _ = await post(client, form(*((h.name, h.read_bytes()) for h in hosts)))
