@@ -59,22 +59,25 @@ def running_server(tmp: Path, *args: str) -> Iterator[Server]:
     """`rootrank serve --port 0 ARGS` with TMPDIR=tmp, until the block ends; then it must stop cleanly."""
     env = {**os.environ, "TMPDIR": str(tmp)}
     env.pop("ROOTRANK_SERVE_TOKEN", None)
-    proc = subprocess.Popen([sys.executable, "-m", "correlator.cli", "serve", "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    log = tmp.parent / f"{tmp.name}.stderr"  # a file, not a pipe nobody reads while the tests run
+    with log.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "correlator.cli", "serve", "--port", "0", *args],
+                                stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # printed once it listens
         found = re.search(r"http://127\.0\.0\.1:\d+/", line)
-        assert found, f"no address printed: {line!r} {proc.stderr.read() if proc.poll() is not None else ''}"
+        assert found, f"no address printed: {line!r} {log.read_text()}"
         yield Server(found.group(0), proc, tmp)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            _, err = proc.communicate(timeout=30)
+            proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
             raise
+    err = log.read_text()
     assert proc.returncode == 0, err
     assert "rootrank serve: stopped" in err and "Traceback" not in err, err[-3000:]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import io
 import json
 import os
 import re
@@ -55,7 +56,7 @@ def serve(diagnoser: Diagnoser, test: Callable[[TestClient[Any, Any]], Awaitable
 def form(*files: tuple[str, bytes], text: str | None = None, job: str | None = None) -> aiohttp.FormData:
     data = aiohttp.FormData(default_to_multipart=True, quote_fields=False)  # file names as browsers send them
     for name, content in files:
-        data.add_field("file", content, filename=name, content_type="application/octet-stream")
+        data.add_field("file", io.BytesIO(content), filename=name, content_type="application/octet-stream")
     if text is not None:
         data.add_field("text", text)
     if job is not None:
