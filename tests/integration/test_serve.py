@@ -296,6 +296,38 @@ def test_chosen_gz_files_and_the_progress_of_a_larger_upload(browser: Browser, s
 
 
 @needs_chromium
+def test_other_unexplained_failures_and_survived_ones_are_shown(browser: Browser, server: Server,
+                                                                tmp_path: Path) -> None:
+    """A restarted job with a red herring: the primary incident, the other failure and the survived one are
+    listed as diagnose lists them, and the other's picture opens from its list entry."""
+    files = simulated_hosts(tmp_path, "nccl_error", seed=1, several=True)
+    report = json.loads(diagnose_json(*(f.name for f in files), cwd=tmp_path))
+    lists = """JSON.stringify({
+      others: Array.from(document.querySelectorAll('#r-others li')).map((li) => li.dataset.incident),
+      recovered: Array.from(document.querySelectorAll('#r-recovered li')).map((li) => li.dataset.incident)})"""
+
+    async def scenario(page: Page) -> tuple[dict[str, Any], dict[str, list[str]], str]:
+        await open_page(page, server)
+        await page.drop_files("#dropzone", files)
+        await page.wait_for("document.querySelectorAll('#files li').length === 2")
+        answer = await diagnose_in_page(page)
+        listed = json.loads(await page.evaluate(lists))
+        other = listed["others"][0]
+        await page.click(f'#r-others li[data-incident="{other}"] button')
+        await page.wait_for(f"document.body.dataset.picture === {json.dumps(other)}")
+        shown = await page.evaluate("document.getElementById('picture').contentDocument.title")
+        assert_stayed_on_loopback(page)
+        return answer, listed, shown
+
+    answer, listed, shown = in_browser(browser, scenario)
+    assert answer["incident"] == report["incidents"][0]["incident_id"]
+    assert listed == {"others": [i["incident_id"] for i in report["incidents"][1:]],
+                      "recovered": [i["incident_id"] for i in report["recovered"]]}
+    assert listed["others"] and listed["recovered"]
+    assert shown == f"rootrank: {report['incidents'][1]['title']}"
+
+
+@needs_chromium
 def test_the_page_refuses_over_the_limit_and_shows_server_errors(browser: Browser, server: Server,
                                                                  tmp_path: Path) -> None:
     big = tmp_path / "big.log"

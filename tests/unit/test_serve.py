@@ -175,6 +175,30 @@ def test_the_picture_of_each_incident_is_kept_with_evidence_file_and_line(diagno
     serve(diagnoser, test)
 
 
+def test_other_failures_are_listed_and_each_has_its_picture(diagnoser: Diagnoser, tmp_path: Path) -> None:
+    files = simulated_hosts(tmp_path, "nccl_error", seed=1, several=True)
+    expected = diagnose_json(*(f.name for f in files), cwd=tmp_path)
+    report = json.loads(expected)
+    everything = report["incidents"] + report["recovered"]
+    assert [(i["class"], i["recovered"]) for i in everything] == [
+        ("nccl_error", False), ("cuda_oom", False), ("python_exception", True)]
+
+    async def test(client: TestClient[Any, Any]) -> None:
+        status, body, _ = await post(client, form(*((f.name, f.read_bytes()) for f in files)))
+        assert (status, body) == (200, expected)
+        for incident in everything:
+            async with client.get(f"/incident/{incident['incident_id']}") as resp:
+                page = await resp.text()
+            listed = re.findall(r'<li data-incident="([0-9a-f]+)"><div class="who">([a-z ]+) · ([a-z_]+) ·', page)
+            others = [i for i in everything if i is not incident]
+            labels = {everything[0]["incident_id"]: "primary", everything[1]["incident_id"]: "also failed",
+                      everything[2]["incident_id"]: "survived"}
+            assert listed == [(o["incident_id"], labels[o["incident_id"]], o["class"]) for o in others]
+            assert all(f'<a href="/incident/{o["incident_id"]}">' in page for o in others)
+
+    serve(diagnoser, test)
+
+
 # --- bad requests: a 4xx and a message, never a 500 ------------------------------------------------------
 
 
