@@ -185,6 +185,7 @@
     });
     busy = true;
     $('diagnose').disabled = true;
+    $('result').hidden = true; // the previous answer is not this one's
     $('status').textContent = total >= PROGRESS_FROM ? 'Sending...' : 'Diagnosing...';
     setState('uploading');
     xhr.send(form);
