@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the integration tests drive for real: librdkafka forwarders (rsyslog omkafka, kcat),
-# headless Chromium for the HTML report, docker-compose to parse the compose file, and ripgrep, a reference
-# of `make bench`.
+# headless Chromium for the HTML report and `rootrank serve`'s page, curl (serve's API from the shell),
+# docker-compose to parse the compose file, and ripgrep, a reference of `make bench`.
 set -u
-want=(rsyslog rsyslog-kafka kcat chromium docker-compose ripgrep)
+want=(rsyslog rsyslog-kafka kcat chromium curl docker-compose ripgrep)
 missing=()
 for p in "${want[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -7,6 +7,7 @@ pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.elasticsearch",
     "tests.fixtures.http_receiver",
+    "tests.fixtures.chromium",
 ]
 
 # A developer's running `rootrank up` (its context file) must not leak into the tests' commands.

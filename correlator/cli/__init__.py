@@ -18,6 +18,7 @@ import click
 # when the command runs (or --help lists it), so `rootrank diagnose` does not import the others.
 COMMANDS = {
     "diagnose": "correlator.cli.diagnose:diagnose",
+    "serve": "correlator.cli.serve:serve",
     "simulate": "correlator.cli.simulate:simulate",
     "incidents": "correlator.cli.search:incidents",
     "hosts": "correlator.cli.search:hosts",

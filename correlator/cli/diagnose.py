@@ -142,12 +142,10 @@ def _write(output_format: str, output: str | None, incidents: list[Incident], si
     import io
 
     if output_format == "json":
-        import orjson
-
         # failures the job survived are warnings, never "the" incident: they have their own list
-        payload = {"incidents": [i.to_json_dict() for i in incidents if not i.recovered],
-                   "recovered": [i.to_json_dict() for i in incidents if i.recovered]}
-        data = orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n"
+        from correlator.render.json_report import report_json
+
+        data = report_json(incidents)
     elif output_format == "html":
         if not incidents:
             print("rootrank diagnose: no incident: nothing to draw", file=sys.stderr)

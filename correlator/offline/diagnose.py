@@ -108,7 +108,8 @@ def iter_sources(paths: Sequence[str], stats: DiagnoseStats) -> Iterator[Source]
                 yield Source(str(f), size, functools.partial(_open_file, f), f)
 
 
-def _looks_binary(head: bytes) -> bool:
+def looks_binary(head: bytes) -> bool:
+    """What `diagnose` skips as binary, from a file's first bytes: a NUL, or under 85% text-like bytes."""
     if b"\0" in head[:8192]:
         return True
     sample = head[:8192]
@@ -172,7 +173,7 @@ class Diagnoser:
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
         head = stream.read(CHUNK_BYTES)
-        if _looks_binary(head):
+        if looks_binary(head):
             stats.skipped.append(f"{source.name}: binary data, skipped")
             return []
         stats.files += 1

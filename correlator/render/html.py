@@ -244,22 +244,33 @@ def _legend(events: Sequence[TimelineEvent]) -> list[tuple[str, str]]:
     return items
 
 
-def _evidence(incident: Incident) -> list[dict[str, Any]]:
+def _evidence(incident: Incident, where: Sequence[str | None]) -> list[dict[str, Any]]:
     ini = incident.initiator
     out = []
-    for ev in incident.evidence:
+    for n, ev in enumerate(incident.evidence):
         who = " \u00b7 ".join(
             str(p) for p in (f"rank {ev.rank}" if ev.rank is not None else None, ev.host, ev.ts, ev.rule) if p
         )
         is_init = ev.rule == ini.rule and same_line(ev.line, ini.line)
-        out.append({"initiator": is_init, "who": who, "line": ev.line})
+        out.append({"initiator": is_init, "who": who, "line": ev.line, "where": where[n] if n < len(where) else None})
     return out
 
 
-def render_incident_html(incident: Incident, signals: list[Signal] | None, *, title: str | None = None) -> str:
+@dataclass
+class OtherIncident:
+    """Another incident of the same logs, listed beside the picture (`href`: a link to its own picture)."""
+
+    label: str  # e.g. "also failed", "survived"
+    incident: Incident
+    href: str | None = None
+
+
+def render_incident_html(incident: Incident, signals: list[Signal] | None, *, title: str | None = None,
+                         evidence_where: Sequence[str | None] = (), others: Sequence[OtherIncident] = ()) -> str:
     """One self-contained HTML page for `incident`; `signals` (the job's) draw the full cascade.
 
-    Without signals, the timeline shows the initiator and the evidence lines only.
+    Without signals, the timeline shows the initiator and the evidence lines only. `evidence_where`: per
+    evidence line, where it is (`file:line`), shown beside it; `others`: the other incidents of the logs.
     """
     events, offsets = incident_events(incident, signals)
     legend = _legend(events)
@@ -274,7 +285,7 @@ def render_incident_html(incident: Incident, signals: list[Signal] | None, *, ti
         ("time", ini.ts),
         ("rule", ini.rule),
     ]
-    evidence = _evidence(incident)
+    evidence = _evidence(incident, evidence_where)
     return _TEMPLATES.get_template("incident.html.j2").render(
         incident=incident,
         page_title=title or f"rootrank: {incident.title}",
@@ -285,4 +296,11 @@ def render_incident_html(incident: Incident, signals: list[Signal] | None, *, ti
         evidence_shown=evidence[:EVIDENCE_SHOWN],
         evidence_more=evidence[EVIDENCE_SHOWN:],
         clock_skew=[(h, _fmt_rel(o)) for h, o in sorted(offsets.items())],
+        others=[(o.label, o.incident, _who(o.incident), o.href) for o in others],
     )
+
+
+def _who(incident: Incident) -> str:
+    ini = incident.initiator
+    parts = (f"rank {ini.rank}" if ini.rank is not None else None, ini.host)
+    return ", ".join(p for p in parts if p) or "no rank named"

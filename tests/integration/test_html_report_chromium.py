@@ -7,34 +7,21 @@ no blocked request. `ROOTRANK_WRITE_SCREENSHOT=1` also writes docs/img/incident.
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import json
 import os
 import re
-import shutil
-import subprocess
-import tempfile
-import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from correlator.diagnosis.models import CollateralEntry, Evidence, Incident, Initiator, Signal
 from correlator.render.html import render_incident_html
-from correlator.tooling.embedded import stop_process
+from tests.fixtures.chromium import Browser, needs_chromium
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium, or scripts/install-system-deps.sh)"
-)
 
 # Runs in the page after load: what the browser laid out, as JSON.
 LAYOUT_PROBE = """
@@ -60,123 +47,6 @@ LAYOUT_PROBE = """
   return JSON.stringify(out);
 })()
 """
-
-
-class Browser:
-    """One headless Chromium process with remote debugging on a free port; stopped by `close`."""
-
-    def __init__(self, chromium: str, profile: Path) -> None:
-        self.profile = profile
-        self.proc = subprocess.Popen(
-            [
-                chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-                f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
-                "--remote-allow-origins=*", "about:blank",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 30
-        while not port_file.exists() or len(port_file.read_text().splitlines()) < 2:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                raise RuntimeError(f"chromium exited with {self.proc.returncode}: {err[-2000:]}")
-            if time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError("chromium did not open its DevTools port within 30 s")
-            time.sleep(0.05)
-        self.port = int(port_file.read_text().splitlines()[0])
-
-    def close(self) -> None:
-        stop_process(self.proc)
-        if self.proc.stderr:
-            self.proc.stderr.close()
-
-    def render(self, url: str, *, width: int = 1500, screenshot: bool = False) -> dict[str, Any]:
-        return asyncio.run(self._render(url, width, screenshot))
-
-    async def _render(self, url: str, width: int, screenshot: bool) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as http:
-            async with http.put(f"http://127.0.0.1:{self.port}/json/new?about:blank") as resp:
-                target = await resp.json(content_type=None)
-            try:
-                async with http.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=64 << 20) as ws:
-                    return await _drive(ws, url, width, screenshot)
-            finally:
-                async with http.get(f"http://127.0.0.1:{self.port}/json/close/{target['id']}") as resp:
-                    await resp.read()
-
-
-async def _drive(ws: aiohttp.ClientWebSocketResponse, url: str, width: int, screenshot: bool) -> dict[str, Any]:
-    problems: list[str] = []
-    next_id = 0
-    loaded = asyncio.Event()
-    pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-
-    async def reader() -> None:
-        async for msg in ws:
-            data = json.loads(msg.data)
-            if "id" in data and data["id"] in pending:
-                pending.pop(data["id"]).set_result(data)
-                continue
-            method, params = data.get("method"), data.get("params", {})
-            if method == "Runtime.exceptionThrown":
-                details = params["exceptionDetails"]
-                problems.append(f"exception: {details.get('exception', {}).get('description') or details.get('text')}")
-            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert", "warning"):
-                args = " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))
-                problems.append(f"console.{params['type']}: {args}")
-            elif method == "Log.entryAdded" and params["entry"].get("level") in ("error", "warning"):
-                problems.append(f"log {params['entry'].get('source')}: {params['entry'].get('text')}")
-            elif method == "Page.loadEventFired":
-                loaded.set()
-
-    async def call(method: str, **params: Any) -> dict[str, Any]:
-        nonlocal next_id
-        next_id += 1
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        pending[next_id] = fut
-        await ws.send_str(json.dumps({"id": next_id, "method": method, "params": params}))
-        reply = await asyncio.wait_for(fut, 30)
-        if "error" in reply:
-            raise RuntimeError(f"{method}: {reply['error']}")
-        return dict(reply.get("result", {}))
-
-    task = asyncio.create_task(reader())
-    try:
-        for domain in ("Page", "Runtime", "Log"):
-            await call(f"{domain}.enable")
-        await call("Emulation.setDeviceMetricsOverride", width=width, height=900, deviceScaleFactor=1, mobile=False)
-        await call("Page.navigate", url=url)
-        await asyncio.wait_for(loaded.wait(), 30)
-        await asyncio.sleep(0.3)  # late console messages (after load) still count
-        probe = await call("Runtime.evaluate", expression=LAYOUT_PROBE, returnByValue=True)
-        result: dict[str, Any] = json.loads(probe["result"]["value"])
-        if screenshot:
-            # The picture ends below the swimlanes; the evidence column continues in the page itself.
-            height = int(min(max(result["svgBottom"] + 24, 900), 6000))
-            await call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
-            shot = await call("Page.captureScreenshot", format="png")
-            result["png"] = base64.b64decode(shot["data"])
-        result["problems"] = list(problems)
-        return result
-    finally:
-        task.cancel()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install chromium, or scripts/install-system-deps.sh)")
-    # chromium's helper processes can still write into the profile for a moment after the browser stops
-    with tempfile.TemporaryDirectory(prefix="rootrank-chromium-", ignore_cleanup_errors=True) as profile:
-        b = Browser(CHROMIUM, Path(profile))
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def _incident_64(init_rank: int = 37) -> tuple[Incident, list[Signal]]:
@@ -244,7 +114,7 @@ def test_initiator_lane_is_marked_and_page_is_clean(browser: Browser, tmp_path: 
     incident, signals = _incident_64()
     url = _write(tmp_path, "incident.html", render_incident_html(incident, signals))
 
-    result = browser.render(url)
+    result = browser.render(url, LAYOUT_PROBE)
 
     assert result["problems"] == []
     assert result["svg"] and result["lane"]
@@ -262,7 +132,7 @@ def test_report_without_signals_still_marks_initiator(browser: Browser, tmp_path
     incident, _ = _incident_64(init_rank=5)
     url = _write(tmp_path, "evidence-only.html", render_incident_html(incident, None, title="evidence only"))
 
-    result = browser.render(url)
+    result = browser.render(url, LAYOUT_PROBE)
 
     assert result["problems"] == []
     assert result["title"] == "evidence only"
@@ -280,7 +150,7 @@ def test_probe_reports_console_errors(browser: Browser, tmp_path: Path) -> None:
         "<script>console.error('boom'); undefinedFunction();</script></body></html>",
     )
 
-    result = browser.render(url)
+    result = browser.render(url, LAYOUT_PROBE)
 
     assert any("boom" in p for p in result["problems"])
     assert any("undefinedFunction" in p for p in result["problems"])
@@ -302,7 +172,7 @@ def test_demo_incident_from_simulated_logs(browser: Browser, tmp_path: Path) -> 
     url = _write(tmp_path, "demo.html", render_incident_html(incidents[0], signals))
     write_png = os.environ.get("ROOTRANK_WRITE_SCREENSHOT", "") not in ("", "0")
 
-    result = browser.render(url, screenshot=write_png)
+    result = browser.render(url, LAYOUT_PROBE, screenshot=write_png)
 
     assert result["problems"] == []
     assert incidents[0].class_ == "gpu_hardware_error"

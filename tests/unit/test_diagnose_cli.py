@@ -178,7 +178,8 @@ def test_a_small_diagnosis_imports_only_what_diagnose_needs(tmp_path: Path, line
     unwanted = {"yaml", "multiprocessing", "rich.progress", "faust", "aiokafka", "kafka", "elasticsearch",
                 "correlator.cli.ship", "correlator.cli.stream", "correlator.cli.webhooks", "correlator.cli.search",
                 "correlator.cli.simulate", "correlator.cli.config",
-                "gzip", "ingest.decoders", "orjson"}  # a plain .log in the text format needs none of them
+                "gzip", "ingest.decoders", "orjson",  # a plain .log in the text format needs none of them
+                "aiohttp", "jinja2", "correlator.cli.serve", "correlator.serve"}  # nor the web page's server
     if finds == "No incident":
         unwanted |= {"rich", "correlator.render.text"}
     assert not modules & unwanted, sorted(modules & unwanted)
