@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from typing import BinaryIO
+from contextlib import closing
 
 from correlator.diagnosis.models import Incident, Signal
 from correlator.offline.diagnose import (
     _ORDER_STRIDE,
     CHUNK_BYTES,
+    BinaryReader,
     DiagnoseStats,
     _looks_json_lines,
     iter_sources,
@@ -49,7 +50,7 @@ def line_numbers(paths: Sequence[str], orders: Iterable[int]) -> dict[int, tuple
             continue
         source = sources[index]
         try:
-            with source.open() as stream:
+            with closing(source.open()) as stream:
                 head = stream.read(CHUNK_BYTES)  # as much as `diagnose` sniffs the format from
                 if _looks_json_lines(head):
                     found.update((o, (source.name, o % _ORDER_STRIDE + 1)) for o in members)
@@ -61,7 +62,7 @@ def line_numbers(paths: Sequence[str], orders: Iterable[int]) -> dict[int, tuple
     return found
 
 
-def _count_lines(head: bytes, stream: BinaryIO, offsets: list[int]) -> Iterator[tuple[int, int]]:
+def _count_lines(head: bytes, stream: BinaryReader, offsets: list[int]) -> Iterator[tuple[int, int]]:
     """(offset, 1-based number of the line that holds it) for sorted byte offsets of a text stream."""
     base, newlines, data = 0, 0, head  # newlines: those before data[done]
     pending = iter(offsets)

@@ -211,8 +211,8 @@ async def receive_upload(request: web.Request, root: Path, limit: int, idle_s: f
     except TimeoutError:
         raise UploadError(408, f"the upload stalled: no data for {idle_s:g} s") from None
     except Exception as exc:  # noqa: BLE001 - whatever the parser raises on the sender's bytes is a bad request
-        raise UploadError(400, f"the request body is not a complete multipart/form-data upload ({exc or type(exc).__name__}): "
-                               f"{HOW}") from None
+        reason = str(exc) or type(exc).__name__
+        raise UploadError(400, f"the request body is not a complete multipart/form-data upload ({reason}): {HOW}") from None
     if not upload.files and not upload.pasted:
         raise UploadError(400, f"nothing to diagnose: the request has no file and no text; {HOW}")
     upload.size = budget.used

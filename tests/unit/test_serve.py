@@ -166,7 +166,7 @@ def test_the_picture_of_each_incident_is_kept_with_evidence_file_and_line(diagno
         assert incident["incident_id"] in page and incident["initiator"]["line"][:40] in page
         where = re.findall(r'<span class="where">(node0\d\.log):(\d+)</span>', page)
         assert len(where) == len(incident["evidence"])
-        for (name, line), evidence in zip(where, incident["evidence"]):
+        for (name, line), evidence in zip(where, incident["evidence"], strict=True):
             text = next(h for h in hosts if h.name == name).read_text().splitlines()[int(line) - 1]
             assert evidence["line"][:60] in text  # the line number is the evidence line's own
         async with client.get("/incident/0000") as resp:
