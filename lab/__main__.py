@@ -17,7 +17,18 @@ from lab.scenario import ScenarioError, derive_initiator, load_all, select
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "lab-out"
 
 
-def _list(scenarios: list, stream=sys.stdout) -> None:  # type: ignore[no-untyped-def]
+def _list(scenarios: list, stream=sys.stdout, markdown: bool = False) -> None:  # type: ignore[no-untyped-def]
+    if markdown:
+        print("| scenario | covers | launcher | ranks (hosts x per host) | rendezvous | logs kept as | clock skew | label |",
+              file=stream)
+        print("|---|---|---|---|---|---|---|---|", file=stream)
+        for s in scenarios:
+            skew = ", ".join(f"{h} {v:+g} s" for h, v in s.clocks.items()) or "-"
+            restarts = f", {s.max_restarts} restart(s)" if s.max_restarts else ""
+            shape = s.collect + (" + --log-dir trees" if s.launcher == "torchrun-logdir" else "")
+            print(f"| `{s.name}` | {', '.join(s.covers)} | {s.launcher}{restarts} | {s.world} ({s.hosts} x {s.procs}) | "
+                  f"{s.rdzv} | {shape} | {skew} | {s.label.class_} / {derive_initiator(s)} |", file=stream)
+        return
     for s in scenarios:
         skew = ",".join(f"{h}{v:+g}s" for h, v in s.clocks.items()) or "-"
         print(f"{s.name:40s} {','.join(s.covers):28s} {s.launcher:16s} {s.world:2d} ranks {s.hosts} host(s) "
@@ -69,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: lab-out/)")
     parser.add_argument("--force", action="store_true", help="run scenarios again even when their output exists")
     parser.add_argument("--keep-work", action="store_true", help="keep each job's work folder (data, config)")
+    parser.add_argument("--markdown", action="store_true", help="list: the table of docs/lab.md")
     args = parser.parse_args(argv)
     try:
         scenarios = select(load_all(), args.only)
@@ -76,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lab: {exc}", file=sys.stderr)
         return 2
     if args.command == "list":
-        _list(scenarios)
+        _list(scenarios, markdown=args.markdown)
         return 0
     if args.command == "run":
         return _run(scenarios, args.out, args.force, args.keep_work)

@@ -49,6 +49,8 @@ class Config:
         self.raw: dict[str, Any] = json.loads(self.path.read_text())
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "raw":  # unpickling (mp.spawn) looks these up before __init__
+            raise AttributeError(name)
         try:
             return self.raw[name]
         except KeyError:
@@ -316,7 +318,7 @@ class Hazards:
         if kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif kind == "sigsegv":
-            _copy_from_native(0, 64)
+            _copy_from_native(16, 64)
         elif kind == "sigabrt":
             _release_pinned_twice()
         elif kind == "sigbus_mmap" and self.mapped is not None:
@@ -361,4 +363,16 @@ def grad_norm(model: torch.nn.Module) -> float:
 
 
 def init_gloo(cfg: Config) -> None:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=int(cfg.raw.get("pg_timeout", 15))))
+    timeout = timedelta(seconds=int(cfg.raw.get("pg_timeout", 15)))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0:
+        dist.init_process_group("gloo", timeout=timeout)
+        return
+    # A restarted worker group reuses the elastic agent's store, and torch 2.13 adds no per-attempt prefix
+    # (rendezvous.py assumes a new store per retry): gloo's full mesh would dial the dead attempt's
+    # addresses ("connectFullMesh failed ... Connection refused"). Keep each attempt's keys apart.
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout)
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"/attempt_{attempt}", store),
+                            rank=int(os.environ["RANK"]), world_size=world, timeout=timeout)
