@@ -374,12 +374,15 @@ class RunResult:
     exit_codes: dict[str, int | None]
     duration_s: float
     processes: dict[int, dict[str, Any]]
-    label: dict[str, str]
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "error": self.error, "fired": self.fired,
                 "exit_codes": self.exit_codes, "duration_s": round(self.duration_s, 1),
-                "processes": {str(k): v for k, v in self.processes.items()}, "label": self.label}
+                "processes": {str(k): v for k, v in self.processes.items()}}
+
+
+def processes_of(meta: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {int(k): v for k, v in (meta.get("processes") or {}).items()}
 
 
 def _processes(root: Path, attempt: int | None) -> dict[int, dict[str, Any]]:
@@ -501,8 +504,7 @@ def run_scenario(s: Scenario, out: Path, *, keep_work: bool = False) -> RunResul
     if not keep_work and not error:
         shutil.rmtree(root, ignore_errors=True)
     return RunResult(name=s.name, status="error" if error else "ok", error=error, fired=not error,
-                     exit_codes=codes, duration_s=time.monotonic() - started, processes=processes,
-                     label=label_row(s, processes))
+                     exit_codes=codes, duration_s=time.monotonic() - started, processes=processes)
 
 
 # --- the lab's tables -----------------------------------------------------------------------------
@@ -530,7 +532,7 @@ def write_tables(out: Path, scenarios: list[Scenario]) -> None:
         if meta is None:
             continue
         if meta["status"] == "ok":
-            labels.append(meta["label"])
+            labels.append(label_row(s, processes_of(meta)))
         runs.append({
             "scenario": s.name, "status": meta["status"], "fired": "yes" if meta["fired"] else "no",
             "exit_codes": ",".join(f"{h}={c}" for h, c in meta["exit_codes"].items()),

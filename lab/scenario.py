@@ -247,11 +247,13 @@ class Scenario(BaseModel):
 def derive_initiator(s: Scenario, processes: dict[int, dict[str, Any]] | None = None) -> str:
     """The labels.tsv initiator of a scenario (see ../shared/corpus/README.md for the format).
 
-    A fault in one rank: `rank=N`, with `pid=P` of the process that held it in the failing attempt
-    (from the job's side files), `local_rank=N` when the job has one host (the same process), and
-    `host=H` when that host runs no other rank of the job. A fault in a host: `host=H` and the ranks
-    that ran there (any of them names the right machine). `all` and `unknown` as the label says.
-    `processes` maps a rank to its side-file record ({pid, host, local_rank}) in the last attempt.
+    A fault in one rank: `rank=N`, with `local_rank=N` when the job has one host (the same process) and
+    `host=H` when that host runs no other rank of the job: each term alone names the right process. (The
+    pid is not a term: a diagnosis that names the right pid under the wrong rank sends the reader to the
+    wrong rank.) A fault in a host: `host=H` and the ranks that ran there (any of them names the right
+    machine); a rendezvous fault only `host=H` (no worker ever started there). `all` and `unknown` as the
+    label says. `processes` maps a rank to its side-file record ({pid, host, local_rank}) in the last
+    attempt: it gives the host of a rank, and the ranks of a host, when the c10d rendezvous chose them.
     """
     if s.label.initiator != "fault":
         return s.label.initiator
@@ -259,7 +261,7 @@ def derive_initiator(s: Scenario, processes: dict[int, dict[str, Any]] | None = 
     terms: list[str] = []
     if f.host is not None:
         terms.append(f"host={f.host}")
-        if f.kind.startswith("rdzv"):  # no worker ever started there: no rank to name
+        if f.kind.startswith("rdzv"):
             return "&".join(terms)
         ranks = s.ranks_on(f.host)
         if ranks is None and processes:
@@ -274,8 +276,6 @@ def derive_initiator(s: Scenario, processes: dict[int, dict[str, Any]] | None = 
     host = proc.get("host") or s.static_host_of(f.rank)
     if host is not None and s.procs == 1:
         terms.append(f"host={host}")
-    if proc.get("pid"):
-        terms.append(f"pid={proc['pid']}")
     return "&".join(terms)
 
 

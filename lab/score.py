@@ -13,8 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from lab.runner import load_result
-from lab.scenario import LABEL_COLUMNS, Scenario
+from lab.runner import load_result, processes_of
+from lab.scenario import LABEL_COLUMNS, Scenario, label_row
 
 
 def _pct(x: int, n: int) -> str:
@@ -40,7 +40,7 @@ def score(scenarios: list[Scenario], out: Path, stream: TextIO) -> dict[str, Any
             errored.append(s.name)
             print(f"ERROR {s.name}: {meta['error']}", file=stream)
         else:
-            runnable.append(meta["label"])
+            runnable.append(label_row(s, processes_of(meta)))
     rows = []
     if runnable:
         with tempfile.TemporaryDirectory(prefix="lab-score-") as tmp:

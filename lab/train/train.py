@@ -24,12 +24,13 @@ def build_groups(cfg: tl.Config, rank: int, world: int) -> tuple[Any, Any]:
     if tp <= 1:
         return None, None
     tp_group = dp_group = None
+    timeout = timedelta(seconds=int(cfg.raw.get("pg_timeout", 15)))  # a new group's default is 30 minutes
     for start in range(0, world, tp):
-        g = dist.new_group(list(range(start, start + tp)))
+        g = dist.new_group(list(range(start, start + tp)), timeout=timeout)
         if start <= rank < start + tp:
             tp_group = g
     for offset in range(tp):
-        g = dist.new_group(list(range(offset, world, tp)))
+        g = dist.new_group(list(range(offset, world, tp)), timeout=timeout)
         if rank % tp == offset:
             dp_group = g
     return tp_group, dp_group
@@ -71,7 +72,7 @@ def worker(cfg: tl.Config, rank: int, world: int, local_rank: int, accelerator: 
                 if tl.HAZARDS.due(cfg, rank, step, "grad_bitflip"):
                     tl.flip_bit(model.fc1.weight.grad)
                 gnorm = tl.grad_norm(model)
-                extra = f" | grad_norm {gnorm:.4g}"
+                extra = f" grad_norm={gnorm:.4g}" if rep.style == "print-all" else f" | grad_norm {gnorm:.4g}"
                 for p in model.parameters():
                     dist.all_reduce(p.grad)
                     p.grad /= world
@@ -81,11 +82,10 @@ def worker(cfg: tl.Config, rank: int, world: int, local_rank: int, accelerator: 
             dist.all_reduce(counts)
             rep.step(step, start + steps, loss.item(), extra)
             time.sleep(float(cfg.raw.get("step_sleep", 0.05)))
-    except BaseException:
+    except (ValueError, KeyError):  # bad data, not a broken process group: keep what we have
         if cfg.raw.get("on_error") == "emergency-save":
-            # free the process group first so peers are not left waiting, then save what we have
-            dist.destroy_process_group()
-            tl.emergency_save(cfg, model, rank)
+            rep.info("saving an emergency checkpoint (step %d)", step)
+            tl.emergency_save(cfg, (model.module if hasattr(model, "module") else model).state_dict(), rank)
         raise
     rep.close()
     rep.info("training finished after %d steps", steps)

@@ -292,11 +292,11 @@ def restore(cfg: Config, model: torch.nn.Module, opt: torch.optim.Optimizer, ran
     return step
 
 
-def emergency_save(cfg: Config, model: torch.nn.Module, rank: int) -> None:
+def emergency_save(cfg: Config, weights: dict[str, Any], rank: int) -> None:
     """Write what we have before dying (to slow storage: it takes a while)."""
     out = cfg.root / "emergency"
     out.mkdir(exist_ok=True)
-    torch.save(model.state_dict(), out / f"rank{rank}.pt")
+    torch.save(weights, out / f"rank{rank}.pt")
     time.sleep(float(cfg.raw.get("emergency_save_s", 2.5)))
 
 
