@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-work", action="store_true", help="keep each job's work folder (data, config)")
     parser.add_argument("--markdown", action="store_true", help="list: the table of docs/lab.md")
     args = parser.parse_args(argv)
+    args.out = args.out.resolve()  # jobs run in their own folders: every path they get is absolute
     try:
         scenarios = select(load_all(), args.only)
     except ScenarioError as exc:

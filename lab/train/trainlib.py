@@ -237,6 +237,8 @@ def batches(cfg: Config, rank: int) -> Iterator[tuple[torch.Tensor, torch.Tensor
         for i in range(10**9):
             yield shard.batch(i, cfg.batch)
     elif kind == "workers":
+        if cfg.raw.get("sharing"):  # e.g. file_system, the usual cure for "too many open files"
+            torch.multiprocessing.set_sharing_strategy(cfg.sharing)
         loader = torch.utils.data.DataLoader(WideDataset(cfg, rank), batch_size=cfg.batch,
                                              num_workers=int(cfg.raw.get("workers", 2)), shuffle=False)
         it = iter(loader)
