@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from lab.scenario import LABEL_COLUMNS, Scenario, host_name, label_row
 
@@ -179,10 +179,8 @@ def write_data(s: Scenario, root: Path, fault_for: dict[int, list[Any]]) -> None
         recs = [_record(i, rank) for i in range(rows)]
         with open(d / "features.bin", "wb") as fh:
             fh.write(struct.pack("<q", rows))
-            for r in recs:
-                fh.write(struct.pack("<8f", *r["features"]))
-            for r in recs:
-                fh.write(struct.pack("<q", r["label"]))
+            fh.writelines(struct.pack("<8f", *r["features"]) for r in recs)
+            fh.writelines(struct.pack("<q", r["label"]) for r in recs)
 
 
 def job_config(s: Scenario, root: Path, extra: dict[str, Any]) -> dict[str, Any]:
@@ -282,10 +280,10 @@ def wrap_host(s: Scenario, i: int, hosts_path: Path, argv: list[str]) -> list[st
 # --- a data server for the transient-error trap ---------------------------------------------------
 
 class _DataHandler(http.server.SimpleHTTPRequestHandler):
-    reset_paths: set[str] = set()
-    lock = threading.Lock()
+    reset_paths: ClassVar[set[str]] = set()
+    lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         with self.lock:
             reset = self.path in self.reset_paths
             self.reset_paths.discard(self.path)
@@ -296,14 +294,14 @@ class _DataHandler(http.server.SimpleHTTPRequestHandler):
             return
         super().do_GET()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
 def start_data_server(root: Path, reset: set[str]) -> tuple[http.server.ThreadingHTTPServer, int]:
     handler = type("Handler", (_DataHandler,), {"reset_paths": set(reset), "lock": threading.Lock()})
     server = http.server.ThreadingHTTPServer(
-        ("0.0.0.0", 0), lambda *a, **k: handler(*a, directory=str(root / "data"), **k))  # noqa: S104
+        ("0.0.0.0", 0), lambda *a, **k: handler(*a, directory=str(root / "data"), **k))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, server.server_address[1]
 
@@ -459,7 +457,7 @@ def run_scenario(s: Scenario, out: Path, *, keep_work: bool = False) -> RunResul
         job_config(s, root, extra)
         if s.job.get("resume"):
             prep = subprocess.run([sys.executable, "prepare.py", "--config", "job.json"], cwd=root,
-                                  capture_output=True, text=True, timeout=60,
+                                  capture_output=True, text=True, timeout=60, check=False,
                                   env=dict(os.environ, OMP_NUM_THREADS="1"))
             if prep.returncode != 0:
                 raise RuntimeError(f"prepare.py failed: {prep.stderr.strip()[-400:]}")

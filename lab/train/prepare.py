@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import torch
-
 import trainlib as tl
 
 

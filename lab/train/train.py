@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 import trainlib as tl
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-
 import trainlib as tl
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 VOCAB = 128
 

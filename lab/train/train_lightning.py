@@ -10,7 +10,6 @@ from typing import Any
 
 import lightning as L
 import torch
-
 import trainlib as tl
 
 

@@ -25,9 +25,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -198,7 +199,7 @@ class MappedShard:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fh = open(path, "rb")
+        self.fh = open(path, "rb")  # noqa: SIM115 (open as long as the mapping)
         self.map = mmap.mmap(self.fh.fileno(), 0, access=mmap.ACCESS_READ)
         (self.rows,) = struct.unpack_from("<q", self.map, 0)
 

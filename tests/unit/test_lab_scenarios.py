@@ -170,17 +170,17 @@ def test_label_row_has_the_corpus_columns() -> None:
 # --- validation and errors ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("body", "line", "what"), [
-    ("- name: a\n  covers: [bad_record]\n  about: something that breaks\n  procs: 2\n  launcher: torchrun\n"
-     "  fault: {kind: bad_record, rank: 5}\n  fired: [x]\n  label: {class: python_exception, why: rank five raised}\n",
+    (("- name: a\n  covers: [bad_record]\n  about: something that breaks\n  procs: 2\n  launcher: torchrun\n"
+     "  fault: {kind: bad_record, rank: 5}\n  fired: [x]\n  label: {class: python_exception, why: rank five raised}\n"),
      2, "fault rank 5 outside the world of 2"),
-    ("- name: a\n  covers: [bad_record]\n  about: something that breaks\n  procs: 2\n  launcher: torchrun\n"
-     "  fault: {kind: bad_record, rank: 1}\n  fired: [x]\n  label:\n    class: not_a_class\n    why: rank one raised\n",
+    (("- name: a\n  covers: [bad_record]\n  about: something that breaks\n  procs: 2\n  launcher: torchrun\n"
+     "  fault: {kind: bad_record, rank: 1}\n  fired: [x]\n  label:\n    class: not_a_class\n    why: rank one raised\n"),
      10, "unknown class 'not_a_class'"),
-    ("- name: a\n  covers: [bad_record]\n  about: something that breaks\n  procs: 2\n  launcher: torchrun\n"
+    (("- name: a\n  covers: [bad_record]\n  about: something that breaks\n  procs: 2\n  launcher: torchrun\n"
      "  colour: blue\n  fault: {kind: bad_record, rank: 1}\n  fired: [x]\n"
-     "  label: {class: python_exception, why: rank one raised}\n", 2, "colour"),
-    ("- name: a\n  covers: [bad_record]\n  about: something that breaks\n  procs: 2\n  launcher: torchrun\n"
-     "  fault:\n    kind: sigkill\n    host: node01\n  fired: [x]\n  label: {class: python_exception, why: one raised}\n",
+     "  label: {class: python_exception, why: rank one raised}\n"), 2, "colour"),
+    (("- name: a\n  covers: [bad_record]\n  about: something that breaks\n  procs: 2\n  launcher: torchrun\n"
+     "  fault:\n    kind: sigkill\n    host: node01\n  fired: [x]\n  label: {class: python_exception, why: one raised}\n"),
      8, "injected in a rank, not a host"),
     ("- name: a\n  covers: [bad_record\n", 4, "not valid YAML"),
 ])
