@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install sysdeps test unit demo bench fuzz lint ruff typecheck lint-imports deadcode corpus-score clean
+.PHONY: install sysdeps test unit demo bench fuzz lint ruff typecheck lint-imports deadcode corpus-score clean lab lab-install lab-score
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,26 @@ deadcode: install
 
 corpus-score: install
 	$(PY) scripts/score_corpus.py
+
+# The fault lab (docs/lab.md): real jobs with one injected fault each, then rootrank scored on their logs.
+# `make lab LAB=name,...` runs a subset (names or coverage items); LAB_FORCE=1 runs again what already ran.
+LAB ?=
+LAB_OUT ?= lab-out
+LAB_ARGS := $(if $(LAB),--only $(LAB),) --out $(LAB_OUT)
+LAB_STAMP := $(VENV)/.lab-stamp
+
+$(LAB_STAMP): pyproject.toml lab/install.sh $(STAMP)
+	PY=$(PY) bash lab/install.sh
+	touch $(LAB_STAMP)
+
+lab-install: $(LAB_STAMP)
+
+lab: lab-install
+	$(PY) -m lab run $(LAB_ARGS) $(if $(LAB_FORCE),--force,)
+	$(PY) -m lab score $(LAB_ARGS)
+
+lab-score: install
+	$(PY) -m lab score $(LAB_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
