@@ -30,7 +30,10 @@ TIER_BOUNDARIES = (0.45, 0.7)  # the engine's confidence tiers (causality.tier)
 # Classes that name no failure of their own, only that one happened: a last resort, never chosen over a
 # specific class on the same line or in the same traceback, whatever the confidences.
 GENERIC_CLASSES = frozenset({"python_exception"})
-FactKind = Literal["progress", "world_size", "heartbeat", "step", "checkpoint", "identity", "restart", "completion", "collective"]
+FactKind = Literal[
+    "progress", "world_size", "heartbeat", "step", "checkpoint", "identity", "restart", "completion", "collective",
+    "worker_failed",
+]
 
 
 class RuleError(Exception):

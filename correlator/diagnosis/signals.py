@@ -18,6 +18,8 @@ from ingest.event import LogEvent
 IDENTITY_FIELDS = ("rank", "local_rank", "pid", "gpu", "host")
 TIME_BORROWED = "time_borrowed"  # field of a signal whose line had no time: `ts` is an earlier line's (a lower bound)
 DEFAULT_GROUPS = (0, "0", "default_pg")
+REPORT_TAG = "failure-report"  # a rule whose lines are a launcher's summary of failed processes, not a failure
+REPORT = "report"  # field of a signal of such a rule
 
 
 def _coerce(value: str) -> str | int | float:
@@ -142,6 +144,8 @@ class SignalExtractor:
                 fields["progress"] = 1
         if rule.kind == "fact" and rule.fact is not None:
             fields["fact"] = rule.fact
+        if REPORT_TAG in rule.tags:
+            fields[REPORT] = 1
         if time_borrowed:
             fields[TIME_BORROWED] = 1
         if event.truncated or len(text) > MAX_EVIDENCE_LINE:

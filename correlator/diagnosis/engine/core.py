@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from correlator.diagnosis.engine.causality import Causality, Node, tier
-from correlator.diagnosis.engine.facts import GroupProgress
+from correlator.diagnosis.engine.facts import GroupProgress, Onset
 from correlator.diagnosis.engine.identity import (
     corroborated,
     fill_identity,
@@ -33,6 +33,7 @@ from correlator.diagnosis.engine.progress import Suspect, hang_suspect, inferred
 from correlator.diagnosis.engine.sequence_absence_metric import resolve_sequence_absence_metric, same_process
 from correlator.diagnosis.engine.state import JobState
 from correlator.diagnosis.engine.timeline import Clock, Timeline, build_timeline, estimate_clock
+from correlator.diagnosis.engine.victims import first_consequences, victims
 from correlator.diagnosis.models import SEVERITY_RANK, Incident, Signal
 from correlator.diagnosis.rules import GENERIC_CLASSES, Rule, RuleSet
 
@@ -70,7 +71,7 @@ class Engine:
         if not state.signals and not state.aggregates:
             return []
         clock = estimate_clock(state.anchors, state.receive_lag)
-        signals = [self._with_attempt(fill_identity(s, state.identity), state) for s in state.signals]
+        signals = [self._with_attempt(fill_identity(s, state), state) for s in state.signals]
         timeline = build_timeline(signals, clock)
         # sequence preconditions from the whole job (a save torn in one attempt fails the next one's load)
         earlier = [s for s in signals if s.fields.get("marker") == "after"]
@@ -83,12 +84,13 @@ class Engine:
             by_attempt[s.attempt or 0][0].append(s)
         for node in aggregates:
             by_attempt[node.attempt][1].append(node)
+        onsets = first_consequences(state)
         incidents: list[Incident] = []
         for attempt in sorted(by_attempt):
             attempt_signals, attempt_aggregates = by_attempt[attempt]
             for window, window_aggregates in self._windows(attempt_signals, attempt_aggregates, timeline):
-                incidents.extend(self._window_incidents(state, attempt, window, window_aggregates, timeline, now_t,
-                                                        earlier))
+                incidents.extend(self._window_incidents(state, onsets, attempt, window, window_aggregates, timeline,
+                                                        now_t, earlier))
         incidents = _distinct_ids(state.job_id, incidents)
         incidents.sort(key=_primary_order)
         return incidents
@@ -144,6 +146,7 @@ class Engine:
     def _window_incidents(
         self,
         state: JobState,
+        onsets: dict[str, list[tuple[int, Onset]]],
         attempt: int,
         window: Sequence[Signal],
         aggregates: Sequence[Node],
@@ -159,11 +162,12 @@ class Engine:
         groups = {k.split(":", 1)[1]: g for k, g in state.groups.items() if k.split(":", 1)[0] == str(attempt)}
         causality = Causality(self.rules, self.roles, self._timeout_s(groups), _tolerance(timeline.clock))
         recovered = {id(n): reason for n in nodes if (reason := self._recovery(n, state, timeline, attempt))}
-        explainers = [n for n in nodes if id(n) not in recovered and causality.can_explain(n)]
+        fallen = victims(nodes, onsets)
+        explainers = [n for n in nodes if id(n) not in recovered and id(n) not in fallen and causality.can_explain(n)]
         explained = causality.explained_by(nodes, explainers)
         candidates = [
             n for n in nodes
-            if n.aggregate is None and explained[id(n)] is None and id(n) not in recovered
+            if n.aggregate is None and explained[id(n)] is None and id(n) not in recovered and id(n) not in fallen
             and causality.role(n) in ("cause", "either") and n.signal.severity != "info"
         ]
         pool = [c for c in candidates if not causality.after_the_cascade(c, nodes)]

@@ -12,26 +12,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from correlator.diagnosis.engine.facts import normalize_bus_id
+from correlator.diagnosis.engine.facts import JobFacts, normalize_bus_id
 from correlator.diagnosis.models import Signal
 
 WHO = ("rank", "local_rank", "host", "pid", "gpu")
 
 
-def fill_identity(signal: Signal, identity: Mapping[str, int]) -> Signal:
-    if signal.rank is not None or not signal.host:
+def fill_identity(signal: Signal, facts: JobFacts) -> Signal:
+    """The signal with its global rank when its line names only a local rank, a pid or a GPU on its node, and
+    the job's identity tables say whose it is (`JobFacts.rank_of`; a kernel Xid line's bus id through NCCL's
+    init lines)."""
+    if signal.rank is not None:
         return signal
-    host = signal.host
-    for key in (
-        f"{host}|p{signal.pid}" if signal.pid is not None else None,
-        f"{host}|l{signal.local_rank}" if signal.local_rank is not None else None,
-        f"{host}|b{normalize_bus_id(signal.gpu)}" if signal.gpu and ":" in signal.gpu else None,
-    ):
-        if key is not None and key in identity:
-            return signal.model_copy(update={"rank": identity[key]})
-    return signal
+    node = signal.host or ""
+    rank = facts.rank_of(node, signal.local_rank, signal.pid)
+    if rank is None and signal.host and signal.gpu and ":" in signal.gpu:
+        rank = facts.identity.get(f"{node}|b{normalize_bus_id(signal.gpu)}")
+    return signal if rank is None else signal.model_copy(update={"rank": rank})
 
 
 def is_failure_report(signal: Signal, tags: frozenset[str] = frozenset()) -> bool:
