@@ -17,6 +17,8 @@ Every table has a bound (`MAX_*`): a 4,096-rank job's facts stay a few hundred k
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from correlator.diagnosis.engine.keys import has_own_time, pg_of, process_key, time_of
@@ -122,30 +124,28 @@ class Restart(BaseModel):
 
 
 
-class Onset(BaseModel):
-    """The first consequence a process logged (a peer's death seen, a timeout, the launcher's SIGTERM): when,
-    where, and who the line named (resolved to a rank when the engine reads it)."""
+@dataclass(frozen=True)
+class Onset:
+    """A consequence line of a process (a peer's death seen, a timeout, the launcher's SIGTERM): when and where.
+    Who wrote it is the process key it is kept under."""
 
-    model_config = ConfigDict(extra="ignore")
-
-    t: float | None = None  # the line's own time (None: it had none of its own)
-    file: str | None = None
-    order: int = 0
-    host: str | None = None
-    rank: int | None = None
-    local_rank: int | None = None
-    pid: int | None = None
+    t: float | None  # the line's own time (None: it had none of its own)
+    file: str | None
+    order: int
 
     @classmethod
     def of(cls, signal: Signal) -> Onset:
-        return cls(t=time_of(signal) if has_own_time(signal) else None, file=signal.file, order=signal.order,
-                   host=signal.host, rank=signal.rank, local_rank=signal.local_rank, pid=signal.pid)
+        return cls(time_of(signal) if has_own_time(signal) else None, signal.file, signal.order)
 
     def before(self, other: Onset) -> bool:
         """Surely earlier: in the same file above it, or by both lines' own times."""
         if self.file is not None and self.file == other.file:
             return self.order < other.order
         return self.t is not None and other.t is not None and self.t < other.t
+
+
+# An onset as stored: (time, index of its file in `onset_files`, order); a process keeps its first and latest.
+StoredOnset = tuple[float | None, int, int]
 
 
 class JobFacts(BaseModel):
@@ -166,8 +166,9 @@ class JobFacts(BaseModel):
     ranks_seen: RankSet = Field(default_factory=RankSet)  # every global rank a line wrote or named
     # process key -> its first and its latest consequence line (the first of each attempt is one of them when
     # a victim's failures end with its death, as they do)
-    onsets: dict[str, Onset] = Field(default_factory=dict)
-    last_onsets: dict[str, Onset] = Field(default_factory=dict)
+    # (a 4,096-rank cascade keeps one of these per rank: stored compactly, files by index)
+    onsets: dict[str, tuple[StoredOnset, StoredOnset]] = Field(default_factory=dict)
+    onset_files: list[str | None] = Field(default_factory=list)
     # where a launcher reported its workers failed (torchelastic's `failed (exitcode: N) local_rank: ...`): a
     # restart, when the workers of the same node log progress after it
     worker_failures: list[Mark] = Field(default_factory=list)
@@ -321,20 +322,33 @@ class JobFacts(BaseModel):
     def _note_onset(self, signal: Signal) -> bool:
         key = process_key(signal)
         onset = Onset.of(signal)
-        first, last = self.onsets.get(key), self.last_onsets.get(key)
-        if first is None:
+        kept = self.onsets.get(key)
+        if kept is None:
             if len(self.onsets) >= MAX_PROCESSES:
                 return False
-            self.onsets[key] = self.last_onsets[key] = onset
+            stored = self._store_onset(onset)
+            self.onsets[key] = (stored, stored)
             return True
-        changed = False
-        if onset.before(first) or (first.t is None and onset.t is not None):
-            self.onsets[key] = onset
-            changed = True
-        if last is not None and last.before(onset):
-            self.last_onsets[key] = onset
-            changed = True
-        return changed
+        first, last = self.onset(kept[0]), self.onset(kept[1])
+        new_first = onset.before(first) or (first.t is None and onset.t is not None)
+        new_last = last.before(onset)
+        if not (new_first or new_last):
+            return False
+        stored = self._store_onset(onset)
+        self.onsets[key] = (stored if new_first else kept[0], stored if new_last else kept[1])
+        return True
+
+    def _store_onset(self, onset: Onset) -> StoredOnset:
+        try:
+            index = self.onset_files.index(onset.file)
+        except ValueError:
+            index = len(self.onset_files)
+            self.onset_files.append(onset.file)
+        return (onset.t, index, onset.order)
+
+    def onset(self, stored: StoredOnset) -> Onset:
+        t, index, order = stored
+        return Onset(t, self.onset_files[index] if 0 <= index < len(self.onset_files) else None, order)
 
     def _remember(self, key: str, rank: int) -> bool:
         known = self.identity.get(key)

@@ -44,6 +44,24 @@ def process_key(signal: Signal) -> str:
     return f"f:{signal.file or ''}|{signal.host or ''}"
 
 
+def who_of_key(key: str) -> tuple[str | None, int | None, int | None, int | None]:
+    """(host, rank, local rank, pid) a `process_key` was made of (what it kept of them)."""
+    if key.startswith("r") and key[1:].isdigit():
+        return None, int(key[1:]), None, None
+    if key.startswith("p") and key[1:].isdigit():
+        return None, None, None, int(key[1:])
+    if key.startswith("f:"):
+        host = key.rpartition("|")[2]
+        return host or None, None, None, None
+    host, _, who = key.rpartition("|")
+    if who[1:].isdigit():
+        if who.startswith("p"):
+            return host or None, None, None, int(who[1:])
+        if who.startswith("l"):
+            return host or None, None, int(who[1:]), None
+    return None, None, None, None
+
+
 def dedupe_key(signal: Signal) -> str:
     marker = signal.fields.get("marker", "")
     return "|".join(
