@@ -29,7 +29,13 @@ from correlator.diagnosis.engine.identity import (
 )
 from correlator.diagnosis.engine.incident import Choice, IncidentBuilder, incident_id
 from correlator.diagnosis.engine.keys import process_key, sort_key, time_of
-from correlator.diagnosis.engine.progress import Suspect, hang_suspect, inferred_missing, mismatch_suspect
+from correlator.diagnosis.engine.progress import (
+    Suspect,
+    hang_suspect,
+    inferred_missing,
+    mismatch_suspect,
+    missing_reporter,
+)
 from correlator.diagnosis.engine.sequence_absence_metric import resolve_sequence_absence_metric, same_process
 from correlator.diagnosis.engine.state import JobState
 from correlator.diagnosis.engine.timeline import Clock, Timeline, build_timeline, estimate_clock
@@ -185,7 +191,7 @@ class Engine:
             choice = Choice(primary=primary, signal=signal, identity_note=note)
             incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
         elif live and any(SEVERITY_RANK.get(n.signal.severity, 2) > 1 for n in live):
-            choice = self._victim_choice(live, explained, causality, groups, state.world_size, reports)
+            choice = self._victim_choice(live, explained, causality, groups, state.world_size, reports, state.ranks_seen)
             incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
         incidents.extend(self._recovered_incidents(state, attempt, nodes, recovered, causality, timeline))
         return incidents
@@ -218,6 +224,7 @@ class Engine:
         groups: dict[str, GroupProgress],
         world_size: int | None,
         reports: list[Signal],
+        known_ranks: Iterable[int] = (),
     ) -> Choice:
         """Only consequences were logged: the class they show (the one nothing else present explains, e.g.
         an NCCL remote error rather than the timeouts it caused) and the suspect collective progress names."""
@@ -230,7 +237,9 @@ class Engine:
             for n in nodes:
                 if n.cls in ("nccl_timeout", "nccl_error"):
                     reporters |= n.ranks()
-            suspect = inferred_missing(reporters) if world_size is None else None
+            suspect = missing_reporter(reporters, set(known_ranks), world_size)
+            if suspect is None and world_size is None:
+                suspect = inferred_missing(reporters)
         signal, note = primary.signal, ""
         if suspect is None and primary.aggregate is None:
             signal, note = named_by_reports(primary.signal, reports)
