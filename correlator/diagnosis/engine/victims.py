@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from correlator.diagnosis.engine.causality import Node
 from correlator.diagnosis.engine.facts import JobFacts, Onset
 from correlator.diagnosis.engine.identity import fill_identity
-from correlator.diagnosis.engine.keys import process_key, who_of_key
+from correlator.diagnosis.engine.keys import process_key, time_of, who_of_key
 from correlator.diagnosis.models import Signal
 
 
@@ -39,6 +39,17 @@ def first_consequences(facts: JobFacts) -> dict[str, list[tuple[int, Onset]]]:
     return out
 
 
+VICTIM_WINDOW_S = 120.0  # a victim fails again within this long of the consequence it saw (its abort, its exit)
+
+
+def within_cascade(onset: Onset, later: Signal) -> bool:
+    """A victim's own failure follows the consequence it logged within seconds (the watchdog aborts, the
+    launcher reports its exit); one long after it is something else (a relaunch no line records). A later
+    line's time borrowed from an earlier line is a lower bound, which is enough to say it came long after."""
+    t = time_of(later)
+    return onset.t is None or t is None or t - onset.t <= VICTIM_WINDOW_S
+
+
 def victims(candidates: Iterable[Node], onsets: dict[str, list[tuple[int, Onset]]]) -> dict[int, Onset]:
     """The candidates (by id) whose own process logged a consequence before them in the same attempt."""
     out: dict[int, Onset] = {}
@@ -47,7 +58,7 @@ def victims(candidates: Iterable[Node], onsets: dict[str, list[tuple[int, Onset]
             continue
         mine = Onset.of(node.signal)
         for attempt, onset in onsets.get(process_key(node.signal), ()):
-            if attempt == node.attempt and onset.before(mine):
+            if attempt == node.attempt and onset.before(mine) and within_cascade(onset, node.signal):
                 out[id(node)] = onset
                 break
     return out
