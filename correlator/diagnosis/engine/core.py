@@ -20,15 +20,16 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from correlator.diagnosis.engine.causality import Causality, Node, tier
-from correlator.diagnosis.engine.facts import GroupProgress, Onset
+from correlator.diagnosis.engine.facts import GroupProgress, Mark, Onset
 from correlator.diagnosis.engine.identity import (
+    IdentityResolver,
     corroborated,
     fill_identity,
     is_failure_report,
     named_by_reports,
 )
 from correlator.diagnosis.engine.incident import Choice, IncidentBuilder, incident_id
-from correlator.diagnosis.engine.keys import process_key, sort_key, time_of
+from correlator.diagnosis.engine.keys import process_key, sort_key, time_of, who_of_key
 from correlator.diagnosis.engine.progress import (
     Suspect,
     hang_suspect,
@@ -67,6 +68,9 @@ class Engine:
         self.window_gap_s = window_gap_s
         self.default_timeout_s = default_timeout_s
         self.builder = IncidentBuilder(ruleset)
+        # Silent corruption is survived by definition (training goes on, on wrong numbers): going on after it
+        # does not make it a recovered warning.
+        self.silent = frozenset(slug for slug, c in ruleset.classes.items() if c.category == "sdc")
 
     # --- public -------------------------------------------------------------------------
 
@@ -77,7 +81,8 @@ class Engine:
         if not state.signals and not state.aggregates:
             return []
         clock = estimate_clock(state.anchors, state.receive_lag)
-        signals = [self._with_attempt(fill_identity(s, state), state) for s in state.signals]
+        resolver = IdentityResolver(state)
+        signals = [self._with_attempt(fill_identity(s, resolver), state) for s in state.signals]
         timeline = build_timeline(signals, clock)
         # sequence preconditions from the whole job (a save torn in one attempt fails the next one's load)
         earlier = [s for s in signals if s.fields.get("marker") == "after"]
@@ -90,13 +95,14 @@ class Engine:
             by_attempt[s.attempt or 0][0].append(s)
         for node in aggregates:
             by_attempt[node.attempt][1].append(node)
-        onsets = first_consequences(state)
+        onsets = first_consequences(state, resolver)
+        progress = resolved_progress(state, resolver)
         incidents: list[Incident] = []
         for attempt in sorted(by_attempt):
             attempt_signals, attempt_aggregates = by_attempt[attempt]
             for window, window_aggregates in self._windows(attempt_signals, attempt_aggregates, timeline):
-                incidents.extend(self._window_incidents(state, onsets, attempt, window, window_aggregates, timeline,
-                                                        now_t, earlier))
+                incidents.extend(self._window_incidents(state, onsets, progress, attempt, window, window_aggregates,
+                                                        timeline, now_t, earlier))
         incidents = _distinct_ids(state.job_id, incidents)
         incidents.sort(key=_primary_order)
         return incidents
@@ -153,6 +159,7 @@ class Engine:
         self,
         state: JobState,
         onsets: dict[str, list[tuple[int, Onset]]],
+        progress: dict[str, Mark],
         attempt: int,
         window: Sequence[Signal],
         aggregates: Sequence[Node],
@@ -167,7 +174,8 @@ class Engine:
             return []
         groups = {k.split(":", 1)[1]: g for k, g in state.groups.items() if k.split(":", 1)[0] == str(attempt)}
         causality = Causality(self.rules, self.roles, self._timeout_s(groups), _tolerance(timeline.clock))
-        recovered = {id(n): reason for n in nodes if (reason := self._recovery(n, state, timeline, attempt))}
+        recovered = {id(n): reason for n in nodes
+                     if (reason := self._recovery(n, state, progress, timeline, attempt))}
         fallen = victims(nodes, onsets)
         explainers = [n for n in nodes if id(n) not in recovered and id(n) not in fallen and causality.can_explain(n)]
         explained = causality.explained_by(nodes, explainers)
@@ -187,6 +195,7 @@ class Engine:
             # Within the tier: a cause that explains what followed before one that explains nothing, then time.
             primary = min((c for c in pool if tier(causality.confidence(c)) == top),
                           key=lambda c: (id(c) not in consequences, c.key()))
+            primary = most_accused(primary, nodes)
             signal, note = named_by_reports(corroborated(primary.signal, matches), reports)
             choice = Choice(primary=primary, signal=signal, identity_note=note)
             incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
@@ -251,11 +260,12 @@ class Engine:
 
     # --- recovery -----------------------------------------------------------------------
 
-    def _recovery(self, node: Node, state: JobState, timeline: Timeline, attempt: int) -> str:
+    def _recovery(self, node: Node, state: JobState, progress_of: dict[str, Mark], timeline: Timeline,
+                  attempt: int) -> str:
         """Why the job went on after this failure ('' when it did not): the same process logged progress
         later in the same attempt, or training completed."""
         s = node.signal
-        if node.aggregate is not None or self.roles.get(s.rule_id) == "collateral":
+        if node.aggregate is not None or self.roles.get(s.rule_id) == "collateral" or node.cls in self.silent:
             return ""
         if _restarted_after(state, s):
             return ""  # the attempt ended in a restart: whatever failed in it was not survived
@@ -264,7 +274,7 @@ class Engine:
             if done.after(raw, s.file, s.order) and state.attempt_at(done.t, s.host, done.file, done.order) == attempt:
                 return "training completed after it"
         key = process_key(s)
-        progress = state.progress.get(key)
+        progress = progress_of.get(key)
         if progress is None:
             return ""
         anonymous = key.startswith("f:")
@@ -276,6 +286,40 @@ class Engine:
             when = f" {progress.t - raw:.0f} s" if progress.t is not None and raw is not None else ""
             return f"{who} logged progress{when} after it"
         return ""
+
+
+def resolved_progress(state: JobState, resolver: IdentityResolver) -> dict[str, Mark]:
+    """Each process's latest progress line, keyed as the engine names the process (its global rank when the
+    job's identity tables place the local rank or pid the line was kept under)."""
+    out: dict[str, Mark] = {}
+    for raw, mark in state.progress.items():
+        host, rank, local, pid = who_of_key(raw)
+        key = raw
+        if rank is None and (local is not None or pid is not None):
+            who = fill_identity(Signal(job_id="", rule_id="", host=host, local_rank=local, pid=pid), resolver)
+            key = process_key(who)
+        known = out.get(key)
+        if known is None or mark.after(known.t, known.file, known.order):
+            out[key] = mark
+    return out
+
+
+def most_accused(primary: Node, nodes: Sequence[Node]) -> Node:
+    """When the primary is one rank's accusation of another ("Rank 1 is running ..., but Rank 2 is running
+    ..."), the others' lines of the same kind vote: the rank that the most distinct reporters name is the odd
+    one out (the accused rank accuses whichever peer it compared itself with). Ties keep the earliest."""
+    if "reporter_rank" not in primary.signal.fields or primary.signal.rank is None:
+        return primary
+    votes: dict[int, set[object]] = defaultdict(set)
+    first: dict[int, Node] = {}
+    for n in sorted(nodes, key=Node.key):
+        s = n.signal
+        if n.aggregate is not None or s.rule_id != primary.signal.rule_id or s.rank is None:
+            continue
+        votes[s.rank].add(s.fields.get("reporter_rank"))
+        first.setdefault(s.rank, n)
+    best = max(votes, key=lambda rank: (len(votes[rank]), -first[rank].key()[0], -first[rank].order))
+    return first[best] if len(votes[best]) > len(votes.get(primary.signal.rank, ())) else primary
 
 
 def _distinct_ids(job_id: str, incidents: list[Incident]) -> list[Incident]:

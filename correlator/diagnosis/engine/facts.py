@@ -362,33 +362,6 @@ class JobFacts(BaseModel):
             return True
         return False
 
-    def rank_of(self, node: str, local: int | None, pid: int | None) -> int | None:
-        """The global rank of a process named by node and local rank or pid, when the job's lines say it: a
-        line that tied them, a launcher's report that tied the pid to a local rank, or, on a job of one
-        launcher with no line tying a local rank to another rank, the local rank itself (torchrun and
-        mp.spawn on one node number their processes 0..N-1 as the ranks)."""
-        keys = []
-        if pid is not None:
-            keys.append(f"{node}|p{pid}")
-        if local is None and pid is not None:
-            local = self.local_of.get(f"{node}|p{pid}")
-        if local is not None:
-            keys.append(f"{node}|l{local}")
-        for key in keys:
-            if key in self.identity and key not in self.conflicts:
-                return self.identity[key]
-        if local is not None and self.single_launcher():
-            return local
-        return None
-
-    def single_launcher(self) -> bool:
-        """One node's launcher numbers every process of the job: one node wrote local ranks or pids, no line
-        tied a local rank to another rank, and the world (when known) is no larger than that node's ranks."""
-        if len(self.nodes) != 1 or not self.local_is_rank or self.conflicts:
-            return False
-        highest = next(iter(self.nodes.values()))
-        return self.world_size is None or highest < 0 or self.world_size <= highest + 1
-
     def _note_identity(self, signal: Signal) -> bool:
         """NCCL's init line: host:pid and the GPU's bus id -> rank, but only from the job-wide communicator
         (the rank of a sub-communicator, e.g. a tensor-parallel group, is not the global rank)."""

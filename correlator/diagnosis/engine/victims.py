@@ -19,19 +19,19 @@ from collections.abc import Iterable
 
 from correlator.diagnosis.engine.causality import Node
 from correlator.diagnosis.engine.facts import JobFacts, Onset
-from correlator.diagnosis.engine.identity import fill_identity
+from correlator.diagnosis.engine.identity import IdentityResolver, fill_identity
 from correlator.diagnosis.engine.keys import process_key, time_of, who_of_key
 from correlator.diagnosis.models import Signal
 
 
-def first_consequences(facts: JobFacts) -> dict[str, list[tuple[int, Onset]]]:
+def first_consequences(facts: JobFacts, resolver: IdentityResolver) -> dict[str, list[tuple[int, Onset]]]:
     """Each process's consequences kept by the facts (its first and its latest), with their attempts, keyed by
     its resolved process key."""
     out: dict[str, list[tuple[int, Onset]]] = {}
     for raw_key, kept in facts.onsets.items():
         host, rank, local, pid = who_of_key(raw_key)
         who = Signal(job_id="", rule_id="", host=host, rank=rank, local_rank=local, pid=pid)
-        key = process_key(fill_identity(who, facts))
+        key = process_key(fill_identity(who, resolver))
         for stored in dict.fromkeys(kept):
             onset = facts.onset(stored)
             attempt = facts.attempt_at(onset.t, host, onset.file, onset.order)
