@@ -132,6 +132,13 @@ class Rule(BaseModel):
     caseless: bool = False
     extract: list[str] = Field(default_factory=list)
     explains: list[str] = Field(default_factory=list)
+    yields_to: list[str] = Field(
+        default_factory=list,
+        description=(
+            "classes that name this line's failure more precisely when a line of theirs is in the same "
+            "traceback of the same process (a wrapper's message and the reason under it)"
+        ),
+    )
     explains_within_s: float | None = Field(
         default=None,
         gt=0,
@@ -372,10 +379,11 @@ def load_rule_file(
         return None, problems
     if rule.id != path.stem:
         problems.append(f"{path}:{lines.get(('id',), 1)}: id {rule.id!r} must equal the file name {path.stem!r}")
-    for key, slugs in (("class", [rule.class_] if rule.class_ else []), ("explains", rule.explains)):
+    for key, slugs in (("class", [rule.class_] if rule.class_ else []), ("explains", rule.explains),
+                       ("yields_to", rule.yields_to)):
         for i, slug in enumerate(slugs):
             if slug not in classes:
-                line = lines.get((key, i), lines.get((key,), 1)) if key == "explains" else lines.get((key,), 1)
+                line = lines.get((key, i), lines.get((key,), 1)) if key != "class" else lines.get((key,), 1)
                 problems.append(f"{path}:{line}: {key}: unknown class {slug!r} (see rules/classes.yaml)")
     if check_patterns and not _all_compile(rule):
         problems.extend(_pattern_problems(path, rule, lines))

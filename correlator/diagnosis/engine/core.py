@@ -16,7 +16,7 @@ How the initiator is found (README, "How the initiator is chosen"):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from correlator.diagnosis.engine.causality import Causality, Node, tier
@@ -185,7 +185,7 @@ class Engine:
             and causality.role(n) in ("cause", "either") and n.signal.severity != "info"
         ]
         pool = [c for c in candidates if not causality.after_the_cascade(c, nodes)]
-        pool = _specific_over_generic(pool)
+        pool = _specific_over_generic(pool, self.rules)
         reports = _failure_reports(nodes, self.tags)
         live = [n for n in nodes if id(n) not in recovered]
         incidents: list[Incident] = []
@@ -366,17 +366,21 @@ def _tolerance(clock: Clock) -> float:
     return 2.0 if clock.offsets and "shared event" in clock.method else 10.0
 
 
-def _specific_over_generic(pool: list[Node]) -> list[Node]:
-    """A generic exception class is a last resort: never the class when a specific failure of the same
-    process is in the same traceback (chained exceptions print the generic wrapper last)."""
-    specific = [c for c in pool if c.cls not in GENERIC_CLASSES]
-    if not specific:
-        return pool
+def _specific_over_generic(pool: list[Node], rules: Mapping[str, Rule]) -> list[Node]:
+    """One traceback tells one failure, by its most precise line: a generic exception class is a last resort,
+    never the class when a specific failure of the same process is in the same traceback (chained exceptions
+    print the generic wrapper last), and a rule's line yields to the classes it names in `yields_to` (a
+    wrapper's message, "Weights only load failed", and the reason printed under it, "Unsupported operand")."""
     out = []
     for c in pool:
-        if c.cls in GENERIC_CLASSES and any(
-            same_process(c.signal, o.signal) and (c.t is None or o.t is None or abs(c.t - o.t) <= TRACEBACK_S)
-            for o in specific
+        rule = rules.get(c.signal.rule_id)
+        yields = set(rule.yields_to) if rule is not None else set()
+        if c.cls in GENERIC_CLASSES:
+            yields = {o.cls for o in pool if o.cls not in GENERIC_CLASSES}
+        if yields and any(
+            o is not c and o.cls in yields and same_process(c.signal, o.signal)
+            and (c.t is None or o.t is None or abs(c.t - o.t) <= TRACEBACK_S)
+            for o in pool
         ):
             continue
         out.append(c)
