@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     import yaml
 
 RuleKind = Literal["signature", "fact"]
-TIER_BOUNDARIES = (0.45, 0.7)  # the engine's confidence tiers (causality.tier)
+# The engine's confidence tiers (causality.tier): high from 0.7, middle from 0.45, low below. A rule's confidence
+# says which tier it is in; within a tier, what explains more and came first wins, not the second decimal.
+TIER_BOUNDARIES = (0.45, 0.7)
 # Classes that name no failure of their own, only that one happened: a last resort, never chosen over a
 # specific class on the same line or in the same traceback, whatever the confidences.
 GENERIC_CLASSES = frozenset({"python_exception"})
@@ -184,11 +186,6 @@ class Rule(BaseModel):
             if self.fact is None:
                 raise ValueError("a fact rule needs `fact` (progress, world_size, heartbeat, step, checkpoint, identity, "
                                  "restart, completion, collective)")
-        if self.confidence in TIER_BOUNDARIES:
-            raise ValueError(
-                f"confidence {self.confidence} sits on a tier boundary {TIER_BOUNDARIES}: a rule there wins or loses by "
-                "its position, not its specificity; choose a value inside the tier you mean"
-            )
         for url in self.references:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"reference {url!r} is not a URL")
