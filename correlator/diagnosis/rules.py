@@ -29,6 +29,8 @@ RuleKind = Literal["signature", "fact"]
 # The engine's confidence tiers (causality.tier): high from 0.7, middle from 0.45, low below. A rule's confidence
 # says which tier it is in; within a tier, what explains more and came first wins, not the second decimal.
 TIER_BOUNDARIES = (0.45, 0.7)
+# A rule whose line is one rank's report naming another as the culprit (its extracted rank is the one named).
+HINT_TAG = "hint"
 # Classes that name no failure of their own, only that one happened: a last resort, never chosen over a
 # specific class on the same line or in the same traceback, whatever the confidences.
 GENERIC_CLASSES = frozenset({"python_exception"})

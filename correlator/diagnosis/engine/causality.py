@@ -18,6 +18,7 @@ from correlator.diagnosis.models import SEVERITY_RANK, Signal
 from correlator.diagnosis.rules import TIER_BOUNDARIES, Rule
 
 TEARDOWN_MARGIN_S = 900.0  # after a collective times out: the abort, the launcher's teardown, the exits
+LATE_DEATH_S = 60.0  # a death's own line after the consequences it caused (flush, launcher report, clock ahead)
 
 
 @dataclass(eq=False)
@@ -98,7 +99,17 @@ class Causality:
             # is before it, but not by more than a horizon (an error an hour later explains nothing before it).
             same_file_before = cause.signal.file == other.signal.file and cause.order > other.order
             return not same_file_before and -self.horizon(cause) <= delay <= self.horizon(cause)
-        return -self.tolerance_s <= delay <= self.horizon(cause)
+        return -self.lateness(cause, other) <= delay <= self.horizon(cause)
+
+    def lateness(self, cause: Node, other: Node) -> float:
+        """How much later than a consequence its cause's line may appear. The clocks' tolerance, and for a
+        death (a failure that is not itself a consequence) seen before by a consequence (a peer's failure
+        seen, a timeout, the launcher's teardown): `LATE_DEATH_S`. A peer's "connection closed" proves a
+        process died before it, but the dead process's own line can come later: its traceback flushed after
+        its peers' errors, its launcher's report of its exit a monitor interval later, its host's clock ahead."""
+        if self.role(other) == "collateral" and self.role(cause) != "collateral":
+            return max(self.tolerance_s, LATE_DEATH_S)
+        return self.tolerance_s
 
     def explained_by(self, nodes: list[Node], explainers: list[Node]) -> dict[int, Node | None]:
         """For every node, the earliest explainer that explains it (None: nothing does). When two explain

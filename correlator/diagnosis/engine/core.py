@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
-from correlator.diagnosis.engine.causality import Causality, Node, tier
+from correlator.diagnosis.engine.causality import LATE_DEATH_S, Causality, Node, tier
 from correlator.diagnosis.engine.facts import GroupProgress, Mark, Onset
 from correlator.diagnosis.engine.identity import (
     IdentityResolver,
@@ -42,7 +42,7 @@ from correlator.diagnosis.engine.state import JobState
 from correlator.diagnosis.engine.timeline import Clock, Timeline, build_timeline, estimate_clock
 from correlator.diagnosis.engine.victims import first_consequences, victims
 from correlator.diagnosis.models import SEVERITY_RANK, Incident, Signal
-from correlator.diagnosis.rules import GENERIC_CLASSES, Rule, RuleSet
+from correlator.diagnosis.rules import GENERIC_CLASSES, HINT_TAG, Rule, RuleSet
 
 SAME_PROCESS_RECOVERY_S = 1.0  # a progress line this long after a failure, from the same process
 ANONYMOUS_RECOVERY_S = 60.0  # the same, when neither line names its process (other ranks' steps in flight)
@@ -375,11 +375,17 @@ def _specific_over_generic(pool: list[Node], rules: Mapping[str, Rule]) -> list[
     for c in pool:
         rule = rules.get(c.signal.rule_id)
         yields = set(rule.yields_to) if rule is not None else set()
+        window = TRACEBACK_S
         if c.cls in GENERIC_CLASSES:
             yields = {o.cls for o in pool if o.cls not in GENERIC_CLASSES}
+        if rule is not None and HINT_TAG in rule.tags and c.signal.rank is not None:
+            # A peer's report that names the culprit ("Rank 6 failed to pass monitoredBarrier") says who, not
+            # what: the named rank's own failure, when it logged one, says what.
+            yields = {o.cls for o in pool if o is not c and o.signal.rank == c.signal.rank}
+            window = LATE_DEATH_S
         if yields and any(
             o is not c and o.cls in yields and same_process(c.signal, o.signal)
-            and (c.t is None or o.t is None or abs(c.t - o.t) <= TRACEBACK_S)
+            and (c.t is None or o.t is None or abs(c.t - o.t) <= window)
             for o in pool
         ):
             continue
