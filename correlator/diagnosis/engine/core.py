@@ -48,6 +48,9 @@ SAME_PROCESS_RECOVERY_S = 1.0  # a progress line this long after a failure, from
 ANONYMOUS_RECOVERY_S = 60.0  # the same, when neither line names its process (other ranks' steps in flight)
 TRACEBACK_S = 60.0  # lines of one traceback on one process
 MAX_RECOVERED_PER_WINDOW = 3
+# Consequences a rank reports while it waits for a peer (or loses it): the rank that reports none of them while
+# every other does is the one they waited for.
+WAITING_CLASSES = frozenset({"nccl_timeout", "nccl_error", "straggler_hang"})
 
 
 class Engine:
@@ -244,7 +247,7 @@ class Engine:
         if suspect is None:
             reporters: set[int] = set()
             for n in nodes:
-                if n.cls in ("nccl_timeout", "nccl_error"):
+                if n.cls in WAITING_CLASSES and causality.role(n) == "collateral":
                     reporters |= n.ranks()
             suspect = missing_reporter(reporters, set(known_ranks), world_size)
             if suspect is None and world_size is None:
