@@ -37,7 +37,11 @@ from correlator.diagnosis.engine.progress import (
     mismatch_suspect,
     missing_reporter,
 )
-from correlator.diagnosis.engine.sequence_absence_metric import resolve_sequence_absence_metric, same_process
+from correlator.diagnosis.engine.sequence_absence_metric import (
+    progress_order,
+    resolve_sequence_absence_metric,
+    same_process,
+)
 from correlator.diagnosis.engine.state import JobState
 from correlator.diagnosis.engine.timeline import Clock, Timeline, build_timeline, estimate_clock
 from correlator.diagnosis.engine.victims import first_consequences, victims
@@ -198,7 +202,7 @@ class Engine:
             # Within the tier: a cause that explains what followed before one that explains nothing, then time.
             primary = min((c for c in pool if tier(causality.confidence(c)) == top),
                           key=lambda c: (id(c) not in consequences, c.key()))
-            primary = most_accused(primary, nodes)
+            primary = most_accused(first_in_training(primary, pool), nodes)
             signal, note = named_by_reports(corroborated(primary.signal, matches), reports)
             choice = Choice(primary=primary, signal=signal, identity_note=note)
             incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
@@ -305,6 +309,17 @@ def resolved_progress(state: JobState, resolver: IdentityResolver) -> dict[str, 
         if known is None or mark.after(known.t, known.file, known.order):
             out[key] = mark
     return out
+
+
+def first_in_training(primary: Node, pool: Sequence[Node]) -> Node:
+    """Among failures of the primary's class whose lines give the training step (a non-finite loss on several
+    ranks), the one at the lowest step came first whatever the hosts' clocks say: the all-reduce spreads one
+    rank's NaN to every rank at the next step."""
+    step = primary.signal.fields.get("step")
+    if not isinstance(step, int):
+        return primary
+    same = [c for c in pool if c.cls == primary.cls and isinstance(c.signal.fields.get("step"), int)]
+    return min(same, key=lambda c: (progress_order(c.signal)[0], c.key()))
 
 
 def most_accused(primary: Node, nodes: Sequence[Node]) -> Node:
