@@ -181,6 +181,7 @@ class Engine:
             return []
         groups = {k.split(":", 1)[1]: g for k, g in state.groups.items() if k.split(":", 1)[0] == str(attempt)}
         causality = Causality(self.rules, self.roles, self._timeout_s(groups), _tolerance(timeline.clock))
+        causality.demote_spread_fabric_errors(nodes)
         recovered = {id(n): reason for n in nodes
                      if (reason := self._recovery(n, state, progress, timeline, attempt))}
         fallen = victims(nodes, onsets)
