@@ -472,6 +472,30 @@ _PATH_ATTEMPT = re.compile(r"^attempt_(\d+)$")
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".gz")
 
 
+# A host name as clusters name them: lower-case words and numbers joined by '-' or '.', with a digit and a
+# separator (gpu-a100-0137, ip-10-1-3-77, dgx-h100-03, compute-2-14.cluster); a bare word with a number
+# (node12, nid001234) is taken only in the conventional forms of _PATH_HOST_DIR.
+_HOSTNAME = re.compile(r"[a-z][a-z0-9]*(?:[-.][a-z0-9]+)+")
+# First words of names that are runs, outputs or pieces of data, not machines (train-37.log, part-00001).
+_NOT_HOST_FIRST_WORDS = frozenset({
+    "train", "training", "eval", "test", "debug", "run", "job", "log", "logs", "output", "out", "err", "stdout",
+    "stderr", "console", "part", "shard", "chunk", "epoch", "step", "ckpt", "checkpoint", "model", "exp", "trial",
+    "seed", "attempt", "rank", "worker", "process", "proc", "task", "slurm", "batch", "version", "v", "data",
+    "result", "results", "report", "trace", "core", "dump", "node-exporter",
+})
+
+
+def _hostname_shaped(name: str) -> bool:
+    lowered = name.lower()
+    if _HOSTNAME.fullmatch(lowered) is None or not any(c.isdigit() for c in lowered):
+        return False
+    first = re.split(r"[-.0-9]", lowered, maxsplit=1)[0]
+    numbered = [t for t in re.split(r"[-.]", lowered) if any(c.isdigit() for c in t)]
+    if all(t.isdigit() and len(t) == 4 and t[:2] in ("19", "20") for t in numbered):
+        return False  # a year (ranking-2024.log): a dated name, not a machine
+    return first not in _NOT_HOST_FIRST_WORDS and _host_like(name)
+
+
 def _stem(name: str) -> str:
     lowered = name.lower()
     for _ in range(2):  # "worker-2.log.gz"
@@ -522,6 +546,6 @@ def identity_from_path(path: str) -> dict[str, str | int]:
                 hints["pod_index"] = int(m["idx"])
             hints["host"] = name
             continue
-        if _PATH_HOST_DIR.match(name) is not None:
+        if _PATH_HOST_DIR.match(name) is not None or _hostname_shaped(name):
             hints["host"] = name
     return hints

@@ -29,7 +29,7 @@ from correlator.diagnosis.engine.identity import (
     named_by_reports,
 )
 from correlator.diagnosis.engine.incident import Choice, IncidentBuilder, incident_id
-from correlator.diagnosis.engine.keys import process_key, sort_key, time_of, who_of_key
+from correlator.diagnosis.engine.keys import is_anonymous, process_key, sort_key, time_of, who_of_key
 from correlator.diagnosis.engine.progress import (
     Suspect,
     hang_suspect,
@@ -285,7 +285,7 @@ class Engine:
         progress = progress_of.get(key)
         if progress is None:
             return ""
-        anonymous = key.startswith("f:")
+        anonymous = is_anonymous(key)
         if anonymous and (raw is None or progress.t is None):
             return ""  # lines that name no process and carry no time: another rank's bar may still be drawing
         margin = ANONYMOUS_RECOVERY_S if anonymous else SAME_PROCESS_RECOVERY_S
@@ -301,11 +301,11 @@ def resolved_progress(state: JobState, resolver: IdentityResolver) -> dict[str, 
     job's identity tables place the local rank or pid the line was kept under)."""
     out: dict[str, Mark] = {}
     for raw, mark in state.progress.items():
-        host, rank, local, pid = who_of_key(raw)
+        node, rank, local, pid = who_of_key(raw)
         key = raw
-        if rank is None and (local is not None or pid is not None):
-            who = fill_identity(Signal(job_id="", rule_id="", host=host, local_rank=local, pid=pid), resolver)
-            key = process_key(who)
+        if rank is None and node is not None:
+            resolved = resolver.rank_of(node, local, pid)
+            key = raw if resolved is None else f"r{resolved}"
         known = out.get(key)
         if known is None or mark.after(known.t, known.file, known.order):
             out[key] = mark

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from correlator.diagnosis.engine.keys import has_own_time, pg_of, process_key, time_of
+from correlator.diagnosis.engine.keys import has_own_time, node_of, pg_of, process_key, time_of
 from correlator.diagnosis.engine.rankset import RankSet
 from correlator.diagnosis.models import Signal
 from correlator.diagnosis.signals import DEFAULT_GROUPS, REPORT
@@ -154,7 +154,8 @@ class JobFacts(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     groups: dict[str, GroupProgress] = Field(default_factory=dict)
-    # "node|p<pid>" / "node|l<local>" / "node|b<bus>" -> rank; the node is the line's host, "" when it names none
+    # "node|p<pid>" / "node|l<local>" / "node|b<bus>" -> rank; the node is the line's host, else its file's
+    # (`keys.file_node`: a console, or a --log-dir tree)
     identity: dict[str, int] = Field(default_factory=dict)
     # identity keys that two lines tied to different ranks (two hostless launchers, each with its local rank 1):
     # they say nothing
@@ -249,7 +250,7 @@ class JobFacts(BaseModel):
         """Identity from lines that name two of rank, local rank and pid on one node: a launcher's tee
         prefix with c10d's rank prefix (`[default1]:[rank5]:`), its failure summary (`rank : 5 (local_rank:
         1)`), its report of a local rank's pid (`failed (exitcode: -6) local_rank: 1 (pid: 4410)`)."""
-        node = signal.host or ""
+        node = node_of(signal)
         rank, local, pid = signal.rank, signal.local_rank, signal.pid
         changed = False
         if local is not None or pid is not None:

@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 
 from correlator.diagnosis.engine.facts import JobFacts, normalize_bus_id
+from correlator.diagnosis.engine.keys import node_of
 from correlator.diagnosis.models import Signal
 
 WHO = ("rank", "local_rank", "host", "pid", "gpu")
@@ -59,12 +60,22 @@ class IdentityResolver:
         return local if self.single_launcher() else None
 
     def single_launcher(self) -> bool:
-        """One node's launcher numbers every process of the job: one node wrote local ranks or pids, no line
-        tied a local rank to another rank, and the world (when known) is no larger than that node's ranks."""
+        """One launcher numbers every process of the job: one node wrote local ranks or pids (or only files
+        with no host name did, a console and a --log-dir tree of the same machine, and the world when known is
+        no larger than their local ranks), and no line tied a local rank to another rank."""
         facts = self.facts
-        if len(facts.nodes) != 1 or not facts.local_is_rank or facts.conflicts:
+        if not facts.nodes or not facts.local_is_rank or facts.conflicts:
             return False
-        highest = next(iter(facts.nodes.values()))
+        named = [n for n in facts.nodes if not n.startswith("f:")]
+        if len(named) > 1 or (named and len(facts.nodes) > 1):
+            return False
+        if len(facts.nodes) == 1:
+            # One node in all the logs: its launcher numbered the job unless a line tied one of its local ranks
+            # to another rank (then these are one node's logs of several). Neither a world size larger than
+            # the local ranks seen nor higher ranks named say otherwise: a launcher's lines name only the
+            # local ranks that failed, and a peer's line may name any rank.
+            return True
+        highest = max(facts.nodes.values())
         return facts.world_size is None or highest < 0 or facts.world_size <= highest + 1
 
     def _place_nodes(self) -> None:
@@ -75,20 +86,25 @@ class IdentityResolver:
             if who[:1] == "l" and who[1:].isdigit() and key not in facts.conflicts:
                 offsets.setdefault(node, set()).add(rank - int(who[1:]))
         self.bases = {node: next(iter(found)) for node, found in offsets.items() if len(found) == 1}
-        named = sorted((n for n in facts.nodes if n), key=_natural)
-        if len(named) < 2 or "" in facts.nodes or (not facts.local_is_rank and not self.bases):
+        if self.single_launcher():
             return
-        size = max(facts.nodes[n] for n in named) + 1
+        # Nodes of one kind only: hosts, or files with no host name (a host's console and its --log-dir tree
+        # are one machine's; blocks are not shared out between them).
+        named = [n for n in facts.nodes if not n.startswith("f:")]
+        nodes = sorted(named or facts.nodes, key=_natural)
+        if len(nodes) < 2 or (named and len(named) != len(facts.nodes)):
+            return
+        size = max(facts.nodes[n] for n in nodes) + 1
         if size < 1 or any(base % size for base in self.bases.values()):
             return  # not blocks of one size: nothing to infer
-        world = facts.world_size or size * len(named)
-        if world != size * len(named):
+        world = facts.world_size or size * len(nodes)
+        if world != size * len(nodes):
             return
         free = sorted(set(range(0, world, size)) - set(self.bases.values()))
-        unknown = [n for n in named if n not in self.bases]
+        unknown = [n for n in nodes if n not in self.bases]
         if len(unknown) != len(free) or not unknown:
             return
-        known_order = [self.bases[n] for n in named if n in self.bases]
+        known_order = [self.bases[n] for n in nodes if n in self.bases]
         if len(unknown) > 1 and known_order != sorted(known_order):
             return  # the names' order is not the ranks' order here: no guess
         for node, base in zip(unknown, free, strict=True):
@@ -108,7 +124,7 @@ def fill_identity(signal: Signal, resolver: IdentityResolver) -> Signal:
     lines)."""
     if signal.rank is not None:
         return signal
-    node = signal.host or ""
+    node = node_of(signal)
     rank = resolver.rank_of(node, signal.local_rank, signal.pid)
     if rank is None and signal.host and signal.gpu and ":" in signal.gpu:
         rank = resolver.facts.identity.get(f"{node}|b{normalize_bus_id(signal.gpu)}")

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from correlator.diagnosis.engine.causality import Node
 from correlator.diagnosis.engine.facts import JobFacts, Onset
-from correlator.diagnosis.engine.identity import IdentityResolver, fill_identity
+from correlator.diagnosis.engine.identity import IdentityResolver
 from correlator.diagnosis.engine.keys import process_key, time_of, who_of_key
 from correlator.diagnosis.models import Signal
 
@@ -29,9 +29,11 @@ def first_consequences(facts: JobFacts, resolver: IdentityResolver) -> dict[str,
     its resolved process key."""
     out: dict[str, list[tuple[int, Onset]]] = {}
     for raw_key, kept in facts.onsets.items():
-        host, rank, local, pid = who_of_key(raw_key)
-        who = Signal(job_id="", rule_id="", host=host, rank=rank, local_rank=local, pid=pid)
-        key = process_key(fill_identity(who, resolver))
+        node, rank, local, pid = who_of_key(raw_key)
+        if rank is None and node is not None:
+            rank = resolver.rank_of(node, local, pid)
+        key = raw_key if rank is None else f"r{rank}"
+        host = node if node is not None and not node.startswith("f:") else None
         for stored in dict.fromkeys(kept):
             onset = facts.onset(stored)
             attempt = facts.attempt_at(onset.t, host, onset.file, onset.order)

@@ -441,6 +441,12 @@ def test_all_timestamps_are_utc_aware() -> None:
         ("/logs/train_rank_03.txt", {}),
         ("/logs/myrank7model.log", {}),
         ("/data/ranking-2024.log", {}),
+        # host names as clusters name them, as a file's stem or its folder; runs and pieces of data are not hosts
+        ("/logs/gpu-a100-0137.log", {"host": "gpu-a100-0137"}),
+        ("/logs/ip-10-1-3-77/rank37.out", {"host": "ip-10-1-3-77", "rank": 37}),
+        ("/logs/train-37.txt", {}),
+        ("/logs/part-00001.log", {}),
+        ("/logs/run-2024-05-01.log", {}),
         ("/logs/worker-5.log", {"rank": 5}),
         ("/tmp/torchelastic_k2/5521_x8/attempt_0/3/stdout.log", {"attempt": 0, "local_rank": 3}),
         ("/logs/rank-12/stdout.log", {"rank": 12}),
