@@ -18,13 +18,17 @@ time, the first timestamp with a full date wins over year-less ones (glog, vLLM,
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePath
+from typing import Literal
 
 from ingest import timestamps as tsu
 
-__all__ = ["Identity", "identity_from_path", "parse_prefixes"]
+__all__ = ["Identity", "SrunLabels", "identity_from_path", "parse_prefixes", "sniff_srun_labels"]
+
+SrunLabels = Literal["auto", "rank", "node"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +145,27 @@ _SRUN = re.compile(r" *(\d{1,6}): ")
 
 # --- prefixes that start with a letter --------------------------------------------------------
 # glog / torch elastic: E1206 18:44:12.715298 2606 path/file.py:869]
-_GLOG = re.compile(r"([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+) +(\d+) [^\]\s]+:\d+\] ?")
+_GLOG = re.compile(r"([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+) +(\d+) ([^\]\s]+):\d+\] ?")
+# A launcher's own logger: torchelastic's agent and torchrun (a line it writes is about its node, not one rank)
+_LAUNCHER_SOURCES = ("distributed/elastic/", "distributed/run.py", "distributed/launch")
+# pdsh, clush and the DeepSpeed launcher (which runs pdsh) put the remote host in front: "node02: <line>".
+# A host name, not a word: it carries a digit (node02, gpu-a100-7, ip-10-0-1-23, algo-1, dgx-03.cluster),
+# or is localhost; exception names ("RuntimeError: "), levels ("INFO: ") and words ("loss: ") carry none.
+# Words that do carry a digit and start user prints ("step3: ", "epoch2: ", "sha256: ") are not hosts.
+_PDSH = re.compile(r"((?:[A-Za-z][A-Za-z0-9-]*\d[A-Za-z0-9-]*|localhost)(?:\.[A-Za-z][A-Za-z0-9-]*)*): ")
+_PDSH_IPV4 = re.compile(r"(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}): ")
+_NOT_HOST_STEMS = frozenset({
+    "step", "steps", "epoch", "iter", "iteration", "batch", "rank", "layer", "block", "stage", "phase", "fold",
+    "test", "run", "cuda", "sha", "md", "utf", "fp", "bf", "int", "uint", "float", "bfloat", "python", "py",
+    "cp", "version", "v", "e", "x", "top", "p", "k", "round", "trial", "job", "task", "worker", "process",
+})
+_NOT_HOSTS = frozenset({"utf-8", "e2e", "x86-64", "p2p", "n2n", "b2b", "h2d", "d2h"})
+_STEM_DIGITS = re.compile(r"([a-z]+)\d+")
+# A program that relays its children's output says which stream a line came from ("stderr: ", accelerate's
+# and transformers' test launchers): a label, not identity.
+_STREAM_LABEL = re.compile(r"std(?:out|err): ")
+# "[node02:3] ": a host and the local rank of the process on it (launch wrappers that tag per node and slot)
+_HOST_SLOT = re.compile(r"\[([A-Za-z][A-Za-z0-9-]*(?:\.[A-Za-z0-9-]+)*):(\d{1,4})\] ")
 # vLLM: ERROR 11-08 11:01:29 [core.py:502]
 _VLLM = re.compile(
     r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)"
@@ -164,11 +188,21 @@ _COMPOSE = re.compile(r"([A-Za-z0-9][\w.]*[-_0-9][\w.-]*) +\| ")
 # cheap gate for lines that start with a letter: does any letter-led prefix fit at all?
 _LETTER_GATE = re.compile(
     r"[\w.-]+:\d+:\d+ \[|[A-Za-z0-9][\w.-]* +\| |[\w.-]+\.(?:log|out|err|txt):|[IWEF]\d{4} |"
+    r"[A-Za-z][\w.-]*\d[\w.-]*: |localhost: |std(?:out|err): |"
     + _MON
     + r" [ \d]?\d \d|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-|kernel:"
 )
 
 _MAX_PREFIXES = 8
+
+
+def _host_like(name: str) -> bool:
+    """A pdsh-style prefix names a host, not a word a program printed ("step3", "sha256", "utf-8")."""
+    lowered = name.lower()
+    if lowered in _NOT_HOSTS:
+        return False
+    m = _STEM_DIGITS.fullmatch(lowered)
+    return m is None or m[1] not in _NOT_HOST_STEMS
 
 
 def _i(value: str | None) -> int | None:
@@ -198,11 +232,13 @@ def _undated(
     )
 
 
-def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
+def parse_prefixes(line: str, *, year: int | None = None, srun_labels: SrunLabels = "auto") -> Identity:
     """Peel the identity/time prefixes off `line`.
 
     `year` completes year-less timestamps (glog, vLLM, syslog); without it the current year is
-    used unless that puts the time in the future.
+    used unless that puts the time in the future. `srun_labels`: what an `srun -l` task label is in
+    this line's file (`sniff_srun_labels`): a rank (one task per rank), a node (one launcher per node),
+    or "auto": a node when the line says so (a launcher's `[default3]:` or its agent's logger), else a rank.
     """
     if not line:
         return Identity(text=line)
@@ -230,6 +266,7 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
     ts_has_date = False
     severity: str | None = None
     srun_task: int | None = None  # srun --label's task id: the rank unless a rank prefix says otherwise
+    launcher_line = False  # written by a launcher's own logger (torchelastic's agent), not by a rank
 
     pos = 0
     n = len(line)
@@ -284,6 +321,9 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
             elif (m := _UCX.match(line, pos)) is not None:
                 host = host or m[1]
                 pid = pid if pid is not None else int(m[2])
+            elif (m := _HOST_SLOT.match(line, pos)) is not None:
+                host = host or m[1]
+                local_rank = local_rank if local_rank is not None else int(m[2])
             elif (m := _METAFLOW.match(line, pos)) is not None:
                 pid = pid if pid is not None else int(m[1])
             elif (m := _BRACKET_LEVEL.match(line, pos)) is not None:
@@ -331,6 +371,8 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
                 gpu = gpu or m[4]
             elif pos == 0 and (m := _SRUN.match(line, pos)) is not None:
                 srun_task = int(m[1])
+            elif host is None and (m := _PDSH_IPV4.match(line, pos)) is not None:
+                host = m[1]
             elif pos == 0 and (m := _GREP_FILE.match(line, pos)) is not None:
                 pass
         elif c == " ":
@@ -344,6 +386,7 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
                 if want_undated:
                     cand = _undated(year, int(m[2]), int(m[3]), m[4], m[5], m[6], m[7])
                 pid = pid if pid is not None else int(m[8])
+                launcher_line = launcher_line or any(part in m[9] for part in _LAUNCHER_SOURCES)
             elif (m := _NCCL.match(line, pos)) is not None:
                 host = host or m[1]
                 pid = pid if pid is not None else int(m[2])
@@ -361,7 +404,14 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
                 pass
             elif pos == 0 and (m := _COMPOSE.match(line, pos)) is not None:
                 host = m[1]
-            elif pos == 0 and (m := _GREP_FILE.match(line, pos)) is not None:
+            elif host is None and (m := _PDSH.match(line, pos)) is not None:
+                if _host_like(m[1]):
+                    host = m[1]
+                else:
+                    m = None
+            elif (m := _STREAM_LABEL.match(line, pos)) is not None or (
+                pos == 0 and (m := _GREP_FILE.match(line, pos)) is not None
+            ):
                 pass
         if m is None or m.end() == pos:
             break
@@ -370,6 +420,13 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
         pos = m.end()
         after_ts = was_ts
 
+    if srun_task is not None and srun_labels != "rank" and (
+        srun_labels == "node" or local_rank is not None or launcher_line
+    ):
+        # srun started one launcher per node (`srun -l torchrun ...`): its label is the node's index, and the
+        # launcher's `[default3]:` says the local rank on that node. The node stands in for its host name.
+        host = host or f"task{srun_task}"
+        srun_task = None
     return Identity(
         text=line[pos:] if pos else line,
         rank=rank if rank is not None else srun_task,
@@ -381,6 +438,23 @@ def parse_prefixes(line: str, *, year: int | None = None) -> Identity:
         ts_has_date=ts_has_date,
         severity=severity,
     )
+
+
+# An srun label in front of a launcher's tee prefix or its agent's logger: srun started a launcher per node.
+_SRUN_NODE_LINE = re.compile(
+    r" *\d{1,6}: (?:\[[A-Za-z_][A-Za-z_-]*?\d+\]:|[IWEF]\d{4} [\d:.]+ +\d+ [^\]\s]*distributed/(?:elastic|run))"
+)
+
+
+def sniff_srun_labels(lines: Iterable[str]) -> SrunLabels:
+    """What the `srun -l` labels of a file are, from its first lines: "node" when any of them shows a launcher
+    per node (its `[default3]:` tee prefix or its agent's own logger behind the label), else "auto". Every line
+    of such a file, the launcher's failure summary included, is then about its node, not the rank with the
+    label's number."""
+    for line in lines:
+        if _SRUN_NODE_LINE.match(line) is not None:
+            return "node"
+    return "auto"
 
 
 # --- identity from file paths -----------------------------------------------------------------
@@ -396,6 +470,30 @@ _PATH_HOST_DIR = re.compile(r"^(?:node|host|nid|gpu-node|compute)[-_]?\d+$", re.
 _PATH_SLURM = re.compile(r"^slurm-(\d+(?:_\d+)?)\.(?:out|err|log)$")
 _PATH_ATTEMPT = re.compile(r"^attempt_(\d+)$")
 _LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".gz")
+
+
+# A host name as clusters name them: lower-case words and numbers joined by '-' or '.', with a digit and a
+# separator (gpu-a100-0137, ip-10-1-3-77, dgx-h100-03, compute-2-14.cluster); a bare word with a number
+# (node12, nid001234) is taken only in the conventional forms of _PATH_HOST_DIR.
+_HOSTNAME = re.compile(r"[a-z][a-z0-9]*(?:[-.][a-z0-9]+)+")
+# First words of names that are runs, outputs or pieces of data, not machines (train-37.log, part-00001).
+_NOT_HOST_FIRST_WORDS = frozenset({
+    "train", "training", "eval", "test", "debug", "run", "job", "log", "logs", "output", "out", "err", "stdout",
+    "stderr", "console", "part", "shard", "chunk", "epoch", "step", "ckpt", "checkpoint", "model", "exp", "trial",
+    "seed", "attempt", "rank", "worker", "process", "proc", "task", "slurm", "batch", "version", "v", "data",
+    "result", "results", "report", "trace", "core", "dump", "node-exporter",
+})
+
+
+def _hostname_shaped(name: str) -> bool:
+    lowered = name.lower()
+    if _HOSTNAME.fullmatch(lowered) is None or not any(c.isdigit() for c in lowered):
+        return False
+    first = re.split(r"[-.0-9]", lowered, maxsplit=1)[0]
+    numbered = [t for t in re.split(r"[-.]", lowered) if any(c.isdigit() for c in t)]
+    if all(t.isdigit() and len(t) == 4 and t[:2] in ("19", "20") for t in numbered):
+        return False  # a year (ranking-2024.log): a dated name, not a machine
+    return first not in _NOT_HOST_FIRST_WORDS and _host_like(name)
 
 
 def _stem(name: str) -> str:
@@ -448,6 +546,6 @@ def identity_from_path(path: str) -> dict[str, str | int]:
                 hints["pod_index"] = int(m["idx"])
             hints["host"] = name
             continue
-        if _PATH_HOST_DIR.match(name) is not None:
+        if _PATH_HOST_DIR.match(name) is not None or _hostname_shaped(name):
             hints["host"] = name
     return hints

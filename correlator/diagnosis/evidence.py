@@ -3,8 +3,9 @@
 Per stream (one rank's log, one pipe of a wrapped command) the filter keeps:
 - every line that hits a signature, fact, sequence or absence-start rule, with `context` lines
   before and after it (what an engineer reads around the error);
-- metric observations (grad norm per step, sampled by the matcher like the worker samples them),
-  alone, so spike rules still see the series;
+- metric observations (grad norm per step) that set a new highest or lowest value of their rule in the
+  stream, or are not finite, alone: what the engine keeps of a series (each process's peak and its
+  lowest value), so spike rules judge the same values, without a line per step;
 - a heartbeat every `heartbeat_s` seconds of shipping and at the end of the stream: the latest
   progress marker (a training step / a completed collective, the "end" of absence rules) and the
   last line read, each with its real line number, unless already sent. The batch header carries
@@ -20,6 +21,7 @@ shippers can feed the same job. The filter is pure (no I/O): `select` and `heart
 from __future__ import annotations
 
 import collections
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ class _StreamState:
     last_progress: tuple[int, str] | None = None
     last_heartbeat: float = 0.0
     read_since_heartbeat: int = 0
+    extremes: dict[int, tuple[float, float]] | None = None  # metric rule -> (lowest, highest) value sent
 
 
 def _runs(numbered: Sequence[tuple[int, str]]) -> list[Run]:
@@ -75,8 +78,8 @@ class EvidenceFilter:
                 before=collections.deque(maxlen=self.context or 1), last_heartbeat=self.clock())
         return state
 
-    def _classify(self, texts: Sequence[str]) -> tuple[set[int], set[int], int | None]:
-        """(lines with evidence hits, metric-only lines, last progress line) by index in `texts`."""
+    def _classify(self, state: _StreamState, texts: Sequence[str]) -> tuple[set[int], set[int], int | None]:
+        """(lines with evidence hits, metric-only lines worth sending, last progress line) by index in `texts`."""
         evidence: set[int] = set()
         metric: set[int] = set()
         progress: int | None = None
@@ -85,10 +88,38 @@ class EvidenceFilter:
             if hit.role == "end" and self._is_progress[hit.rule_index]:
                 progress = index if progress is None or index > progress else progress
             elif hit.role == "main" and self._is_metric[hit.rule_index]:
-                metric.add(index)
+                if self._extreme(state, hit.rule_index, texts[index]):
+                    metric.add(index)
             else:
                 evidence.add(index)
         return evidence, metric - evidence, progress
+
+    def _extreme(self, state: _StreamState, rule_index: int, text: str) -> bool:
+        """Whether a metric line sets a new lowest or highest value of its rule in the stream (or has no finite
+        value): the values the engine keeps of a process's series."""
+        value = self._metric_value(rule_index, text)
+        if value is None or not math.isfinite(value):
+            return True
+        extremes = state.extremes if state.extremes is not None else {}
+        state.extremes = extremes
+        low_high = extremes.get(rule_index)
+        if low_high is not None and low_high[0] <= value <= low_high[1]:
+            return False
+        extremes[rule_index] = (value, value) if low_high is None else (min(low_high[0], value), max(low_high[1], value))
+        return True
+
+    def _metric_value(self, rule_index: int, text: str) -> float | None:
+        rule = self.matcher.rules[rule_index]
+        if rule.metric is None:
+            return None
+        for regex, group in self.matcher.field_regexes(rule_index, rule.metric.field):
+            m = regex.search(text)
+            if m is not None and m.group(group) is not None:
+                try:
+                    return float(m.group(group))
+                except ValueError:
+                    return None
+        return None
 
     def select(self, key: str, first: int, texts: Sequence[str]) -> list[Run]:
         """The runs of lines to send out of `texts` (numbered from `first` in stream `key`)."""
@@ -96,7 +127,7 @@ class EvidenceFilter:
         self.lines_read += len(texts)
         self.bytes_read += sum(len(t) + 1 for t in texts)
         state.read_since_heartbeat += len(texts)
-        evidence, metric, progress = self._classify(texts)
+        evidence, metric, progress = self._classify(state, texts)
         self.lines_matched += len(evidence) + len(metric)
         chosen: list[tuple[int, str]] = []
 

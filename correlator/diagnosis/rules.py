@@ -26,11 +26,18 @@ if TYPE_CHECKING:
     import yaml
 
 RuleKind = Literal["signature", "fact"]
-TIER_BOUNDARIES = (0.45, 0.7)  # the engine's confidence tiers (causality.tier)
+# The engine's confidence tiers (causality.tier): high from 0.7, middle from 0.45, low below. A rule's confidence
+# says which tier it is in; within a tier, what explains more and came first wins, not the second decimal.
+TIER_BOUNDARIES = (0.45, 0.7)
+# A rule whose line is one rank's report naming another as the culprit (its extracted rank is the one named).
+HINT_TAG = "hint"
 # Classes that name no failure of their own, only that one happened: a last resort, never chosen over a
 # specific class on the same line or in the same traceback, whatever the confidences.
 GENERIC_CLASSES = frozenset({"python_exception"})
-FactKind = Literal["progress", "world_size", "heartbeat", "step", "checkpoint", "identity", "restart", "completion", "collective"]
+FactKind = Literal[
+    "progress", "world_size", "heartbeat", "step", "checkpoint", "identity", "restart", "completion", "collective",
+    "worker_failed",
+]
 
 
 class RuleError(Exception):
@@ -129,6 +136,13 @@ class Rule(BaseModel):
     caseless: bool = False
     extract: list[str] = Field(default_factory=list)
     explains: list[str] = Field(default_factory=list)
+    yields_to: list[str] = Field(
+        default_factory=list,
+        description=(
+            "classes that name this line's failure more precisely when a line of theirs is in the same "
+            "traceback of the same process (a wrapper's message and the reason under it)"
+        ),
+    )
     explains_within_s: float | None = Field(
         default=None,
         gt=0,
@@ -174,11 +188,6 @@ class Rule(BaseModel):
             if self.fact is None:
                 raise ValueError("a fact rule needs `fact` (progress, world_size, heartbeat, step, checkpoint, identity, "
                                  "restart, completion, collective)")
-        if self.confidence in TIER_BOUNDARIES:
-            raise ValueError(
-                f"confidence {self.confidence} sits on a tier boundary {TIER_BOUNDARIES}: a rule there wins or loses by "
-                "its position, not its specificity; choose a value inside the tier you mean"
-            )
         for url in self.references:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"reference {url!r} is not a URL")
@@ -369,10 +378,11 @@ def load_rule_file(
         return None, problems
     if rule.id != path.stem:
         problems.append(f"{path}:{lines.get(('id',), 1)}: id {rule.id!r} must equal the file name {path.stem!r}")
-    for key, slugs in (("class", [rule.class_] if rule.class_ else []), ("explains", rule.explains)):
+    for key, slugs in (("class", [rule.class_] if rule.class_ else []), ("explains", rule.explains),
+                       ("yields_to", rule.yields_to)):
         for i, slug in enumerate(slugs):
             if slug not in classes:
-                line = lines.get((key, i), lines.get((key,), 1)) if key == "explains" else lines.get((key,), 1)
+                line = lines.get((key, i), lines.get((key,), 1)) if key != "class" else lines.get((key,), 1)
                 problems.append(f"{path}:{line}: {key}: unknown class {slug!r} (see rules/classes.yaml)")
     if check_patterns and not _all_compile(rule):
         problems.extend(_pattern_problems(path, rule, lines))

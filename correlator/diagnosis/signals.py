@@ -10,7 +10,7 @@ from itertools import pairwise
 from correlator.diagnosis.matcher import FREQUENT_CAP, ExprRole, Hit, Matcher
 from correlator.diagnosis.models import MAX_EVIDENCE_LINE, Signal
 from correlator.diagnosis.routine_fold import Peak, fold_peaks
-from correlator.diagnosis.rules import GENERIC_CLASSES, Rule, RuleSet
+from correlator.diagnosis.rules import GENERIC_CLASSES, HINT_TAG, Rule, RuleSet
 from ingest.event import LogEvent
 
 # Fields a rule may extract that describe *who* failed; they override the identity of the line's writer
@@ -18,6 +18,8 @@ from ingest.event import LogEvent
 IDENTITY_FIELDS = ("rank", "local_rank", "pid", "gpu", "host")
 TIME_BORROWED = "time_borrowed"  # field of a signal whose line had no time: `ts` is an earlier line's (a lower bound)
 DEFAULT_GROUPS = (0, "0", "default_pg")
+REPORT_TAG = "failure-report"  # a rule whose lines are a launcher's summary of failed processes, not a failure
+REPORT = "report"  # field of a signal of such a rule
 
 
 def _coerce(value: str) -> str | int | float:
@@ -124,6 +126,14 @@ class SignalExtractor:
                 extracted["rank"] = extracted.pop("blame_rank")
                 identity.update({"local_rank": None, "pid": None, "gpu": None})
             self_rank = extracted.pop("self_rank", None)
+            named = _coerce(extracted["rank"]) if "rank" in extracted else None
+            if named is not None and named != event.rank:
+                # The line names another process than its writer (a launcher's report, a peer's hint): the
+                # writer's own local rank, pid and GPU are not that process's; a hint's writer is not even on
+                # the named rank's host.
+                identity.update({f: None for f in ("local_rank", "pid", "gpu") if f not in extracted})
+                if HINT_TAG in rule.tags and "host" not in extracted:
+                    identity["host"] = None
             for name, value in extracted.items():
                 if name in IDENTITY_FIELDS:
                     identity[name] = value if name in ("gpu", "host") else _coerce(value)
@@ -142,6 +152,8 @@ class SignalExtractor:
                 fields["progress"] = 1
         if rule.kind == "fact" and rule.fact is not None:
             fields["fact"] = rule.fact
+        if REPORT_TAG in rule.tags:
+            fields[REPORT] = 1
         if time_borrowed:
             fields[TIME_BORROWED] = 1
         if event.truncated or len(text) > MAX_EVIDENCE_LINE:

@@ -31,7 +31,7 @@ from correlator.diagnosis.signals import SignalExtractor, best_hits_per_line
 from correlator.offline.routine import RoutineAggregate, RoutineAggregator
 from ingest.event import LogEvent
 from ingest.multiline import is_continuation, split_glued
-from ingest.prefixes import Identity, identity_from_path, parse_prefixes
+from ingest.prefixes import Identity, SrunLabels, identity_from_path, parse_prefixes, sniff_srun_labels
 
 if TYPE_CHECKING:
     import multiprocessing.pool
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 CHUNK_BYTES = 16 * 1024 * 1024
 CONTINUATION_LOOKBACK = 64
+SNIFF_BYTES = 256 * 1024  # the head of a file read for its prefix style (sniff_srun_labels)
 _ORDER_STRIDE = 10**12  # orders of different files never interleave when no timestamps exist
 
 
@@ -178,6 +179,8 @@ class Diagnoser:
             return []
         stats.files += 1
         path_hints = identity_from_path(source.name) if source.name != "<stdin>" else {}
+        if sniff_srun_labels(head[:SNIFF_BYTES].decode("utf-8", "replace").splitlines()) == "node":
+            path_hints["srun_labels"] = "node"
         if _looks_json_lines(head):
             return self.signals_from_json_lines(source, stream, head, job_id, file_index, stats, progress)
         if source.path is not None and len(head) == CHUNK_BYTES:
@@ -328,12 +331,13 @@ class Diagnoser:
                 progress.append(signal)
         return _latest_first(progress) + metric
 
-    def _identify(self, raw: str) -> Identity:
-        """Identity of one line: a syslog header (host, time) when the file is rsyslog text, then prefixes.
+    def _identify(self, raw: str, path_hints: dict[str, str | int]) -> Identity:
+        """Identity of one line: a syslog header (host, time) when the file is rsyslog text, then prefixes
+        (`srun -l` labels read as the file's first lines say: `sniff_srun_labels`).
 
         Memoized: looking back for a timestamp or a traceback's owner revisits the same lines.
         """
-        return _identify_line(raw)
+        return _identify_line(raw, "node" if path_hints.get("srun_labels") == "node" else "auto")
 
     def _event_for_line(
         self, body: Buffer, hit: Hit, base: int, name: str, path_hints: dict[str, str | int], job_id: str
@@ -345,10 +349,10 @@ class Diagnoser:
             if len(segments) > 1:
                 rule_index = hit.rule_index
                 raw = next((s for s in segments if self.matcher.matches(rule_index, s)), segments[-1])
-        ident = self._identify(raw)
+        ident = self._identify(raw, path_hints)
         if ident.rank is None and ident.host is None and ident.pid is None and ident.local_rank is None:
-            ident = self._continued_identity(body, hit.start, ident)
-        ts = ident.ts if ident.ts is not None else self._earlier_time(body, hit.start)
+            ident = self._continued_identity(body, hit.start, ident, path_hints)
+        ts = ident.ts if ident.ts is not None else self._earlier_time(body, hit.start, path_hints)
         event = LogEvent(
             job_id=job_id,
             host=ident.host or _str_or_none(path_hints.get("host")),
@@ -376,15 +380,17 @@ class Diagnoser:
             yield body[prev_start : pos - 1].decode("utf-8", "replace")
             pos = prev_start
 
-    def _earlier_time(self, body: Buffer, start: int) -> datetime | None:
+    def _earlier_time(self, body: Buffer, start: int, path_hints: dict[str, str | int]) -> datetime | None:
         """An untimed line (a traceback's last line) happened at about the time of the closest timed line before it."""
         for prev in self._lines_before(body, start):
-            ts = self._identify(prev).ts
+            ts = self._identify(prev, path_hints).ts
             if ts is not None:
                 return ts
         return None
 
-    def _continued_identity(self, body: Buffer, start: int, ident: Identity) -> Identity:
+    def _continued_identity(
+        self, body: Buffer, start: int, ident: Identity, path_hints: dict[str, str | int]
+    ) -> Identity:
         """A traceback's last line has no prefix: take the identity of the record it continues.
 
         Only a line that continues something (indented, a frame, or the exception after frames)
@@ -397,7 +403,7 @@ class Diagnoser:
                 break
             if n == 0 and not (current_continues or is_continuation(prev)):
                 break
-            prev_ident = self._identify(prev)
+            prev_ident = self._identify(prev, path_hints)
             if prev_ident.rank is not None or prev_ident.host is not None or prev_ident.pid is not None:
                 return dataclasses.replace(
                     prev_ident,
@@ -543,7 +549,7 @@ def _decoders() -> ModuleType:
 
 
 @functools.lru_cache(maxsize=8192)
-def _identify_line(raw: str) -> Identity:
+def _identify_line(raw: str, srun_labels: SrunLabels = "auto") -> Identity:
     """Identity of one line (see Diagnoser._identify)."""
     host: str | None = None
     header_ts = None
@@ -556,7 +562,7 @@ def _identify_line(raw: str) -> Identity:
             records = []
         if records and records[0].source == "rsyslog":
             host, header_ts, text = records[0].host, records[0].ts, records[0].text
-    ident = parse_prefixes(text)
+    ident = parse_prefixes(text, srun_labels=srun_labels)
     if host is None and header_ts is None:
         return ident
     return dataclasses.replace(

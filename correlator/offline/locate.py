@@ -27,14 +27,19 @@ _READ = 4 << 20
 
 def evidence_signals(incident: Incident, signals: Sequence[Signal]) -> list[Signal | None]:
     """For each evidence line of `incident`, the signal it was drawn from (the engine copies a signal's
-    rule, line, rank and host into its evidence); the earliest in the files when the same line recurs."""
-    wanted = {(e.rule, e.line, e.rank, e.host) for e in incident.evidence}
+    rule, line, rank and host into its evidence; the rank may be one the engine resolved from the job's
+    identity tables, which the line's own signal does not carry); the earliest in the files when the same
+    line recurs."""
     first: dict[tuple[str, str, int | None, str | None], Signal] = {}
     for s in signals:
-        key = (s.rule_id, s.line, s.rank, s.host)
-        if key in wanted and (key not in first or s.order < first[key].order):
-            first[key] = s
-    return [first.get((e.rule, e.line, e.rank, e.host)) for e in incident.evidence]
+        for key in ((s.rule_id, s.line, s.rank, s.host), (s.rule_id, s.line, None, s.host), (s.rule_id, s.line, None, None)):
+            if key not in first or s.order < first[key].order:
+                first[key] = s
+    out: list[Signal | None] = []
+    for e in incident.evidence:
+        keys = ((e.rule, e.line, e.rank, e.host), (e.rule, e.line, None, e.host), (e.rule, e.line, None, None))
+        out.append(next((first[k] for k in keys if k in first), None))
+    return out
 
 
 def line_numbers(paths: Sequence[str], orders: Iterable[int]) -> dict[int, tuple[str, int]]:

@@ -26,11 +26,7 @@ CLASSES = sorted(classes())
 SEEDS = range(int(os.environ.get("ROOTRANK_ROUNDTRIP_SEEDS", "3")))
 JSON_FORMATS = [f for f in FORMATS if f != "plain"]
 
-KNOWN_ENGINE_MISSES: dict[tuple[str, int | None], str] = {
-    ("nccl_reduce_scatter_sdc", 1): (
-        "nccl-tests' untimed lines: rank 0's summary row (nccl-tests-size-row-wrong, names no rank) and the faulty "
-        "rank's 'rank=N #wrong=M' are ordered by their files' previous timestamps; the row wins"),
-}
+KNOWN_ENGINE_MISSES: dict[tuple[str, int | None], str] = {}
 
 
 def _scenario(cls: str, seed: int) -> dict[str, object]:

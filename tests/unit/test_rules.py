@@ -83,9 +83,9 @@ def test_run_examples_reports_file_and_line(tmp_path: Path) -> None:
          "examples:\n  match: [a]\n  no_match: [b, b]\n"), 11, "examples.match"),
         (("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
          "references: ['https://x.org']\nexamples: {match: [a, a], no_match: [b, b]}\n"), 1, "needs source"),
-        (("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nconfidence: 0.7\nmechanism: m\nfix: [f]\n"
-         "verify: [v]\nreferences: ['https://x.org']\nsource: [{url: 'https://x.org'}]\n"
-         "examples: {match: [a, a], no_match: [b, b]}\n"), 1, "tier boundary"),
+        (("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nyields_to: [no_such_class]\nmechanism: m\n"
+         "fix: [f]\nverify: [v]\nreferences: ['https://x.org']\nsource: [{url: 'https://x.org'}]\n"
+         "examples: {match: [a, a], no_match: [b, b]}\n"), 5, "yields_to: unknown class"),
         (("id: x\ntitle: t t t\nclass: cuda_oom\npatterns: ['a']\nmechanism: m\nfix: [f]\nverify: [v]\n"
          "references: ['https://x.org']\nsource: [{repo: pytorch/pytorch}]\n"
          "examples: {match: [a, a], no_match: [b, b]}\n"), 9, "repo` and `path"),

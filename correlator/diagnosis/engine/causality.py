@@ -10,7 +10,7 @@ else the default of the engine.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from correlator.diagnosis.engine.keys import has_own_time
 from correlator.diagnosis.engine.store import Aggregate
@@ -18,6 +18,8 @@ from correlator.diagnosis.models import SEVERITY_RANK, Signal
 from correlator.diagnosis.rules import TIER_BOUNDARIES, Rule
 
 TEARDOWN_MARGIN_S = 900.0  # after a collective times out: the abort, the launcher's teardown, the exits
+FABRIC_CLASS = "network_fabric_error"
+LATE_DEATH_S = 60.0  # a death's own line after the consequences it caused (flush, launcher report, clock ahead)
 
 
 @dataclass(eq=False)
@@ -61,9 +63,28 @@ class Causality:
     roles: Mapping[str, str]  # rule id -> role (the rule's, else its class's)
     timeout_s: float  # the collective timeout of this attempt (logged, or the default)
     tolerance_s: float  # how far the corrected clocks may still disagree
+    demoted: set[int] = field(default_factory=set)  # nodes (by id) read as consequences whatever their rule says
 
     def role(self, node: Node) -> str:
+        if id(node) in self.demoted:
+            return "collateral"
         return self.roles.get(node.signal.rule_id, node.signal.role)
+
+    def demote_spread_fabric_errors(self, nodes: list[Node]) -> None:
+        """A fabric error is a cause only where it is local: one host's link or NIC failing before anything
+        died. When a rank dies, every peer whose connections ran to it sees its queue pairs fail (IB retry
+        exceeded, remote errors) on its own host: errors of the fabric on several hosts, or after a death, are
+        the death's consequences."""
+        fabric = [n for n in nodes if n.cls == FABRIC_CLASS and n.aggregate is None]
+        if not fabric:
+            return
+        hosts = {h for n in fabric for h in n.hosts()}
+        deaths = [n.t for n in nodes if n.aggregate is None and n.cls != FABRIC_CLASS and n.t is not None
+                  and self.role(n) != "collateral" and SEVERITY_RANK.get(n.signal.severity, 2) > 1]
+        first_death = min(deaths, default=None)
+        for n in fabric:
+            if len(hosts) > 1 or (first_death is not None and (n.t is None or n.t >= first_death - self.tolerance_s)):
+                self.demoted.add(id(n))
 
     def confidence(self, node: Node) -> float:
         rule = self.rules.get(node.signal.rule_id)
@@ -98,7 +119,17 @@ class Causality:
             # is before it, but not by more than a horizon (an error an hour later explains nothing before it).
             same_file_before = cause.signal.file == other.signal.file and cause.order > other.order
             return not same_file_before and -self.horizon(cause) <= delay <= self.horizon(cause)
-        return -self.tolerance_s <= delay <= self.horizon(cause)
+        return -self.lateness(cause, other) <= delay <= self.horizon(cause)
+
+    def lateness(self, cause: Node, other: Node) -> float:
+        """How much later than a consequence its cause's line may appear. The clocks' tolerance, and for a
+        death (a failure that is not itself a consequence) seen before by a consequence (a peer's failure
+        seen, a timeout, the launcher's teardown): `LATE_DEATH_S`. A peer's "connection closed" proves a
+        process died before it, but the dead process's own line can come later: its traceback flushed after
+        its peers' errors, its launcher's report of its exit a monitor interval later, its host's clock ahead."""
+        if self.role(other) == "collateral" and self.role(cause) != "collateral":
+            return max(self.tolerance_s, LATE_DEATH_S)
+        return self.tolerance_s
 
     def explained_by(self, nodes: list[Node], explainers: list[Node]) -> dict[int, Node | None]:
         """For every node, the earliest explainer that explains it (None: nothing does). When two explain

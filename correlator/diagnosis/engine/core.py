@@ -16,30 +16,45 @@ How the initiator is found (README, "How the initiator is chosen"):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
-from correlator.diagnosis.engine.causality import Causality, Node, tier
-from correlator.diagnosis.engine.facts import GroupProgress
+from correlator.diagnosis.engine.causality import LATE_DEATH_S, Causality, Node, tier
+from correlator.diagnosis.engine.facts import GroupProgress, Mark, Onset
 from correlator.diagnosis.engine.identity import (
+    IdentityResolver,
     corroborated,
     fill_identity,
     is_failure_report,
     named_by_reports,
 )
 from correlator.diagnosis.engine.incident import Choice, IncidentBuilder, incident_id
-from correlator.diagnosis.engine.keys import process_key, sort_key, time_of
-from correlator.diagnosis.engine.progress import Suspect, hang_suspect, inferred_missing, mismatch_suspect
-from correlator.diagnosis.engine.sequence_absence_metric import resolve_sequence_absence_metric, same_process
+from correlator.diagnosis.engine.keys import is_anonymous, process_key, sort_key, time_of, who_of_key
+from correlator.diagnosis.engine.progress import (
+    Suspect,
+    hang_suspect,
+    inferred_missing,
+    mismatch_suspect,
+    missing_reporter,
+)
+from correlator.diagnosis.engine.sequence_absence_metric import (
+    progress_order,
+    resolve_sequence_absence_metric,
+    same_process,
+)
 from correlator.diagnosis.engine.state import JobState
 from correlator.diagnosis.engine.timeline import Clock, Timeline, build_timeline, estimate_clock
+from correlator.diagnosis.engine.victims import first_consequences, victims
 from correlator.diagnosis.models import SEVERITY_RANK, Incident, Signal
-from correlator.diagnosis.rules import GENERIC_CLASSES, Rule, RuleSet
+from correlator.diagnosis.rules import GENERIC_CLASSES, HINT_TAG, Rule, RuleSet
 
 SAME_PROCESS_RECOVERY_S = 1.0  # a progress line this long after a failure, from the same process
 ANONYMOUS_RECOVERY_S = 60.0  # the same, when neither line names its process (other ranks' steps in flight)
 TRACEBACK_S = 60.0  # lines of one traceback on one process
 MAX_RECOVERED_PER_WINDOW = 3
+# Consequences a rank reports while it waits for a peer (or loses it): the rank that reports none of them while
+# every other does is the one they waited for.
+WAITING_CLASSES = frozenset({"nccl_timeout", "nccl_error", "straggler_hang"})
 
 
 class Engine:
@@ -60,6 +75,9 @@ class Engine:
         self.window_gap_s = window_gap_s
         self.default_timeout_s = default_timeout_s
         self.builder = IncidentBuilder(ruleset)
+        # Silent corruption is survived by definition (training goes on, on wrong numbers): going on after it
+        # does not make it a recovered warning.
+        self.silent = frozenset(slug for slug, c in ruleset.classes.items() if c.category == "sdc")
 
     # --- public -------------------------------------------------------------------------
 
@@ -70,7 +88,8 @@ class Engine:
         if not state.signals and not state.aggregates:
             return []
         clock = estimate_clock(state.anchors, state.receive_lag)
-        signals = [self._with_attempt(fill_identity(s, state.identity), state) for s in state.signals]
+        resolver = IdentityResolver(state)
+        signals = [self._with_attempt(fill_identity(s, resolver), state) for s in state.signals]
         timeline = build_timeline(signals, clock)
         # sequence preconditions from the whole job (a save torn in one attempt fails the next one's load)
         earlier = [s for s in signals if s.fields.get("marker") == "after"]
@@ -83,12 +102,14 @@ class Engine:
             by_attempt[s.attempt or 0][0].append(s)
         for node in aggregates:
             by_attempt[node.attempt][1].append(node)
+        onsets = first_consequences(state, resolver)
+        progress = resolved_progress(state, resolver)
         incidents: list[Incident] = []
         for attempt in sorted(by_attempt):
             attempt_signals, attempt_aggregates = by_attempt[attempt]
             for window, window_aggregates in self._windows(attempt_signals, attempt_aggregates, timeline):
-                incidents.extend(self._window_incidents(state, attempt, window, window_aggregates, timeline, now_t,
-                                                        earlier))
+                incidents.extend(self._window_incidents(state, onsets, progress, attempt, window, window_aggregates,
+                                                        timeline, now_t, earlier))
         incidents = _distinct_ids(state.job_id, incidents)
         incidents.sort(key=_primary_order)
         return incidents
@@ -144,6 +165,8 @@ class Engine:
     def _window_incidents(
         self,
         state: JobState,
+        onsets: dict[str, list[tuple[int, Onset]]],
+        progress: dict[str, Mark],
         attempt: int,
         window: Sequence[Signal],
         aggregates: Sequence[Node],
@@ -158,16 +181,19 @@ class Engine:
             return []
         groups = {k.split(":", 1)[1]: g for k, g in state.groups.items() if k.split(":", 1)[0] == str(attempt)}
         causality = Causality(self.rules, self.roles, self._timeout_s(groups), _tolerance(timeline.clock))
-        recovered = {id(n): reason for n in nodes if (reason := self._recovery(n, state, timeline, attempt))}
-        explainers = [n for n in nodes if id(n) not in recovered and causality.can_explain(n)]
+        causality.demote_spread_fabric_errors(nodes)
+        recovered = {id(n): reason for n in nodes
+                     if (reason := self._recovery(n, state, progress, timeline, attempt))}
+        fallen = victims(nodes, onsets)
+        explainers = [n for n in nodes if id(n) not in recovered and id(n) not in fallen and causality.can_explain(n)]
         explained = causality.explained_by(nodes, explainers)
         candidates = [
             n for n in nodes
-            if n.aggregate is None and explained[id(n)] is None and id(n) not in recovered
+            if n.aggregate is None and explained[id(n)] is None and id(n) not in recovered and id(n) not in fallen
             and causality.role(n) in ("cause", "either") and n.signal.severity != "info"
         ]
         pool = [c for c in candidates if not causality.after_the_cascade(c, nodes)]
-        pool = _specific_over_generic(pool)
+        pool = _specific_over_generic(pool, self.rules)
         reports = _failure_reports(nodes, self.tags)
         live = [n for n in nodes if id(n) not in recovered]
         incidents: list[Incident] = []
@@ -177,11 +203,12 @@ class Engine:
             # Within the tier: a cause that explains what followed before one that explains nothing, then time.
             primary = min((c for c in pool if tier(causality.confidence(c)) == top),
                           key=lambda c: (id(c) not in consequences, c.key()))
+            primary = most_accused(first_in_training(primary, pool), nodes)
             signal, note = named_by_reports(corroborated(primary.signal, matches), reports)
             choice = Choice(primary=primary, signal=signal, identity_note=note)
             incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
         elif live and any(SEVERITY_RANK.get(n.signal.severity, 2) > 1 for n in live):
-            choice = self._victim_choice(live, explained, causality, groups, state.world_size, reports)
+            choice = self._victim_choice(live, explained, causality, groups, state.world_size, reports, state.ranks_seen)
             incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
         incidents.extend(self._recovered_incidents(state, attempt, nodes, recovered, causality, timeline))
         return incidents
@@ -214,6 +241,7 @@ class Engine:
         groups: dict[str, GroupProgress],
         world_size: int | None,
         reports: list[Signal],
+        known_ranks: Iterable[int] = (),
     ) -> Choice:
         """Only consequences were logged: the class they show (the one nothing else present explains, e.g.
         an NCCL remote error rather than the timeouts it caused) and the suspect collective progress names."""
@@ -224,9 +252,11 @@ class Engine:
         if suspect is None:
             reporters: set[int] = set()
             for n in nodes:
-                if n.cls in ("nccl_timeout", "nccl_error"):
+                if n.cls in WAITING_CLASSES and causality.role(n) == "collateral":
                     reporters |= n.ranks()
-            suspect = inferred_missing(reporters) if world_size is None else None
+            suspect = missing_reporter(reporters, set(known_ranks), world_size)
+            if suspect is None and world_size is None:
+                suspect = inferred_missing(reporters)
         signal, note = primary.signal, ""
         if suspect is None and primary.aggregate is None:
             signal, note = named_by_reports(primary.signal, reports)
@@ -238,11 +268,12 @@ class Engine:
 
     # --- recovery -----------------------------------------------------------------------
 
-    def _recovery(self, node: Node, state: JobState, timeline: Timeline, attempt: int) -> str:
+    def _recovery(self, node: Node, state: JobState, progress_of: dict[str, Mark], timeline: Timeline,
+                  attempt: int) -> str:
         """Why the job went on after this failure ('' when it did not): the same process logged progress
         later in the same attempt, or training completed."""
         s = node.signal
-        if node.aggregate is not None or self.roles.get(s.rule_id) == "collateral":
+        if node.aggregate is not None or self.roles.get(s.rule_id) == "collateral" or node.cls in self.silent:
             return ""
         if _restarted_after(state, s):
             return ""  # the attempt ended in a restart: whatever failed in it was not survived
@@ -251,10 +282,10 @@ class Engine:
             if done.after(raw, s.file, s.order) and state.attempt_at(done.t, s.host, done.file, done.order) == attempt:
                 return "training completed after it"
         key = process_key(s)
-        progress = state.progress.get(key)
+        progress = progress_of.get(key)
         if progress is None:
             return ""
-        anonymous = key.startswith("f:")
+        anonymous = is_anonymous(key)
         if anonymous and (raw is None or progress.t is None):
             return ""  # lines that name no process and carry no time: another rank's bar may still be drawing
         margin = ANONYMOUS_RECOVERY_S if anonymous else SAME_PROCESS_RECOVERY_S
@@ -263,6 +294,51 @@ class Engine:
             when = f" {progress.t - raw:.0f} s" if progress.t is not None and raw is not None else ""
             return f"{who} logged progress{when} after it"
         return ""
+
+
+def resolved_progress(state: JobState, resolver: IdentityResolver) -> dict[str, Mark]:
+    """Each process's latest progress line, keyed as the engine names the process (its global rank when the
+    job's identity tables place the local rank or pid the line was kept under)."""
+    out: dict[str, Mark] = {}
+    for raw, mark in state.progress.items():
+        node, rank, local, pid = who_of_key(raw)
+        key = raw
+        if rank is None and node is not None:
+            resolved = resolver.rank_of(node, local, pid)
+            key = raw if resolved is None else f"r{resolved}"
+        known = out.get(key)
+        if known is None or mark.after(known.t, known.file, known.order):
+            out[key] = mark
+    return out
+
+
+def first_in_training(primary: Node, pool: Sequence[Node]) -> Node:
+    """Among failures of the primary's class whose lines give the training step (a non-finite loss on several
+    ranks), the one at the lowest step came first whatever the hosts' clocks say: the all-reduce spreads one
+    rank's NaN to every rank at the next step."""
+    step = primary.signal.fields.get("step")
+    if not isinstance(step, int):
+        return primary
+    same = [c for c in pool if c.cls == primary.cls and isinstance(c.signal.fields.get("step"), int)]
+    return min(same, key=lambda c: (progress_order(c.signal)[0], c.key()))
+
+
+def most_accused(primary: Node, nodes: Sequence[Node]) -> Node:
+    """When the primary is one rank's accusation of another ("Rank 1 is running ..., but Rank 2 is running
+    ..."), the others' lines of the same kind vote: the rank that the most distinct reporters name is the odd
+    one out (the accused rank accuses whichever peer it compared itself with). Ties keep the earliest."""
+    if "reporter_rank" not in primary.signal.fields or primary.signal.rank is None:
+        return primary
+    votes: dict[int, set[object]] = defaultdict(set)
+    first: dict[int, Node] = {}
+    for n in sorted(nodes, key=Node.key):
+        s = n.signal
+        if n.aggregate is not None or s.rule_id != primary.signal.rule_id or s.rank is None:
+            continue
+        votes[s.rank].add(s.fields.get("reporter_rank"))
+        first.setdefault(s.rank, n)
+    best = max(votes, key=lambda rank: (len(votes[rank]), -first[rank].key()[0], -first[rank].order))
+    return first[best] if len(votes[best]) > len(votes.get(primary.signal.rank, ())) else primary
 
 
 def _distinct_ids(job_id: str, incidents: list[Incident]) -> list[Incident]:
@@ -309,17 +385,27 @@ def _tolerance(clock: Clock) -> float:
     return 2.0 if clock.offsets and "shared event" in clock.method else 10.0
 
 
-def _specific_over_generic(pool: list[Node]) -> list[Node]:
-    """A generic exception class is a last resort: never the class when a specific failure of the same
-    process is in the same traceback (chained exceptions print the generic wrapper last)."""
-    specific = [c for c in pool if c.cls not in GENERIC_CLASSES]
-    if not specific:
-        return pool
+def _specific_over_generic(pool: list[Node], rules: Mapping[str, Rule]) -> list[Node]:
+    """One traceback tells one failure, by its most precise line: a generic exception class is a last resort,
+    never the class when a specific failure of the same process is in the same traceback (chained exceptions
+    print the generic wrapper last), and a rule's line yields to the classes it names in `yields_to` (a
+    wrapper's message, "Weights only load failed", and the reason printed under it, "Unsupported operand")."""
     out = []
     for c in pool:
-        if c.cls in GENERIC_CLASSES and any(
-            same_process(c.signal, o.signal) and (c.t is None or o.t is None or abs(c.t - o.t) <= TRACEBACK_S)
-            for o in specific
+        rule = rules.get(c.signal.rule_id)
+        yields = set(rule.yields_to) if rule is not None else set()
+        window = TRACEBACK_S
+        if c.cls in GENERIC_CLASSES:
+            yields = {o.cls for o in pool if o.cls not in GENERIC_CLASSES}
+        if rule is not None and HINT_TAG in rule.tags and c.signal.rank is not None:
+            # A peer's report that names the culprit ("Rank 6 failed to pass monitoredBarrier") says who, not
+            # what: the named rank's own failure, when it logged one, says what.
+            yields = {o.cls for o in pool if o is not c and o.signal.rank == c.signal.rank}
+            window = LATE_DEATH_S
+        if yields and any(
+            o is not c and o.cls in yields and same_process(c.signal, o.signal)
+            and (c.t is None or o.t is None or abs(c.t - o.t) <= window)
+            for o in pool
         ):
             continue
         out.append(c)

@@ -17,12 +17,14 @@ Every table has a bound (`MAX_*`): a 4,096-rank job's facts stay a few hundred k
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from correlator.diagnosis.engine.keys import pg_of, process_key, time_of
+from correlator.diagnosis.engine.keys import has_own_time, node_of, pg_of, process_key, time_of
 from correlator.diagnosis.engine.rankset import RankSet
 from correlator.diagnosis.models import Signal
-from correlator.diagnosis.signals import DEFAULT_GROUPS
+from correlator.diagnosis.signals import DEFAULT_GROUPS, REPORT
 
 MAX_PROCESSES = 8192  # identity and progress entries
 MAX_ANCHORS = 16
@@ -122,13 +124,57 @@ class Restart(BaseModel):
 
 
 
+@dataclass(frozen=True)
+class Onset:
+    """A consequence line of a process (a peer's death seen, a timeout, the launcher's SIGTERM): when and where.
+    Who wrote it is the process key it is kept under."""
+
+    t: float | None  # the line's own time (None: it had none of its own)
+    file: str | None
+    order: int
+
+    @classmethod
+    def of(cls, signal: Signal) -> Onset:
+        return cls(time_of(signal) if has_own_time(signal) else None, signal.file, signal.order)
+
+    def before(self, other: Onset) -> bool:
+        """Surely earlier: in the same file above it, or by both lines' own times."""
+        if self.file is not None and self.file == other.file:
+            return self.order < other.order
+        return self.t is not None and other.t is not None and self.t < other.t
+
+
+# An onset as stored: (time, index of its file in `onset_files`, order); a process keeps its first and latest.
+StoredOnset = tuple[float | None, int, int]
+
+
 class JobFacts(BaseModel):
     """The facts' tables of one job (fields of `JobState`, serialized with it)."""
 
     model_config = ConfigDict(extra="ignore")
 
     groups: dict[str, GroupProgress] = Field(default_factory=dict)
-    identity: dict[str, int] = Field(default_factory=dict)  # "host|p<pid>" / "host|l<local>" / "host|b<bus>" -> rank
+    # "node|p<pid>" / "node|l<local>" / "node|b<bus>" -> rank; the node is the line's host, else its file's
+    # (`keys.file_node`: a console, or a --log-dir tree)
+    identity: dict[str, int] = Field(default_factory=dict)
+    # identity keys that two lines tied to different ranks (two hostless launchers, each with its local rank 1):
+    # they say nothing
+    conflicts: list[str] = Field(default_factory=list)
+    local_of: dict[str, int] = Field(default_factory=dict)  # "node|p<pid>" -> local rank (a launcher's report)
+    # node -> the highest local rank seen on it (the launchers that wrote local ranks or pids)
+    nodes: dict[str, int] = Field(default_factory=dict)
+    local_is_rank: bool = True  # no line has tied a local rank to another global rank
+    ranks_seen: RankSet = Field(default_factory=RankSet)  # every global rank a line wrote or named
+    # process key -> its first and its latest consequence line (the first of each attempt is one of them when
+    # a victim's failures end with its death, as they do)
+    # (a 4,096-rank cascade keeps one of these per rank: stored compactly, files by index)
+    onsets: dict[str, tuple[StoredOnset, StoredOnset]] = Field(default_factory=dict)
+    onset_files: list[str | None] = Field(default_factory=list)
+    # where a launcher reported its workers failed (torchelastic's `failed (exitcode: N) local_rank: ...`): a
+    # restart, when the workers of the same node log progress after it
+    worker_failures: list[Mark] = Field(default_factory=list)
+    worker_failure_hosts: list[str] = Field(default_factory=list)  # the node of each (its host, "" for none)
+    latest_on_node: dict[str, Mark] = Field(default_factory=dict)  # node -> its latest progress line
     world_size: int | None = None
     restarts: list[Restart] = Field(default_factory=list)
     inits: dict[str, float] = Field(default_factory=dict)  # "r<rank>" -> its first default-group init line's time
@@ -169,14 +215,14 @@ class JobFacts(BaseModel):
             changed = True
         if signal.host and "comm_rank" in f and isinstance(f["comm_rank"], int):
             changed |= self._note_identity(signal)
-        if signal.host and signal.rank is not None and signal.kind == "match":
-            if signal.local_rank is not None:
-                self._remember(f"{signal.host}|l{signal.local_rank}", signal.rank)
-            if signal.pid is not None:
-                self._remember(f"{signal.host}|p{signal.pid}", signal.rank)
+        changed |= self._note_who(signal)
+        if signal.kind == "match" and signal.role == "collateral" and not f.get(REPORT):
+            changed |= self._note_onset(signal)
         fact = f.get("fact")
         if fact == "restart":
             changed |= self._note_restart(t, f.get("restart_count"), signal)
+        elif fact == "worker_failed":
+            changed |= self._note_worker_failure(signal)
         elif fact == "completion" and len(self.completions) < MAX_RESTARTS:
             self.completions.append(Mark.of(signal))
             changed = True
@@ -190,6 +236,7 @@ class JobFacts(BaseModel):
             )):
                 self.progress[key] = mark
                 changed = True
+            changed |= self._note_node_progress(signal, mark)
         if (signal.rank is not None or "pg_rank" in f) and ("pg" in f or "seq" in f or "enqueued" in f):
             changed |= self._note_collective(signal, t)
         return changed
@@ -199,9 +246,122 @@ class JobFacts(BaseModel):
         f = signal.fields
         return "metric" in f or (f.get("marker") == "end" and f.get("progress") == 1) or f.get("fact") == "progress"
 
-    def _remember(self, key: str, rank: int) -> None:
-        if key in self.identity or len(self.identity) < MAX_PROCESSES:
-            self.identity.setdefault(key, rank)
+    def _note_who(self, signal: Signal) -> bool:
+        """Identity from lines that name two of rank, local rank and pid on one node: a launcher's tee
+        prefix with c10d's rank prefix (`[default1]:[rank5]:`), its failure summary (`rank : 5 (local_rank:
+        1)`), its report of a local rank's pid (`failed (exitcode: -6) local_rank: 1 (pid: 4410)`)."""
+        node = node_of(signal)
+        rank, local, pid = signal.rank, signal.local_rank, signal.pid
+        changed = False
+        if local is not None or pid is not None:
+            if node not in self.nodes and len(self.nodes) < MAX_PROCESSES:
+                self.nodes[node] = -1
+                changed = True
+            if local is not None and node in self.nodes and local > self.nodes[node]:
+                self.nodes[node] = local
+        if rank is not None:
+            if rank not in self.ranks_seen:
+                self.ranks_seen.add(rank)
+                changed = True
+            if local is not None:
+                changed |= self._remember(f"{node}|l{local}", rank)
+                if local != rank and self.local_is_rank:
+                    self.local_is_rank = False
+                    changed = True
+            if pid is not None:
+                changed |= self._remember(f"{node}|p{pid}", rank)
+        elif local is not None and pid is not None:
+            key = f"{node}|p{pid}"
+            if key not in self.local_of and len(self.local_of) < MAX_PROCESSES:
+                self.local_of[key] = local
+                changed = True
+        return changed
+
+    # --- restarts no launcher line records ----------------------------------------------------
+
+    @staticmethod
+    def _node_key(host: str | None, file: str | None) -> str:
+        """A launcher's node: its host, else its file (one launcher's console)."""
+        return f"h:{host}" if host else f"f:{file or ''}"
+
+    def _note_worker_failure(self, signal: Signal) -> bool:
+        if len(self.worker_failures) >= MAX_RESTARTS:
+            return False
+        mark = Mark.of(signal)
+        node = self._node_key(signal.host, signal.file)
+        self.worker_failures.append(mark)
+        self.worker_failure_hosts.append(node)
+        latest = self.latest_on_node.get(node)
+        return latest is not None and self._restart_between(mark, latest, signal)
+
+    def _note_node_progress(self, signal: Signal, mark: Mark) -> bool:
+        node = self._node_key(signal.host, signal.file)
+        latest = self.latest_on_node.get(node)
+        if latest is not None and not mark.after(latest.t, latest.file, latest.order):
+            return False
+        if latest is None and len(self.latest_on_node) >= MAX_PROCESSES:
+            return False
+        self.latest_on_node[node] = mark
+        changed = False
+        for failure, where in zip(self.worker_failures, self.worker_failure_hosts, strict=True):
+            if where == node:
+                changed |= self._restart_between(failure, mark, signal)
+        return changed
+
+    def _restart_between(self, failure: Mark, progress: Mark, signal: Signal) -> bool:
+        """torchelastic restarts a failed worker group without a line at the default log level: its workers'
+        progress after its report that they failed is the next attempt. The restart is at the report."""
+        if not progress.after(failure.t, failure.file, failure.order):
+            return False
+        if failure.t is None and progress.file != failure.file:
+            return False
+        if any(r.file == failure.file and r.order == failure.order for r in self.restarts):
+            return False
+        reporter = signal.model_copy(update={"file": failure.file, "order": failure.order})
+        return self._note_restart(failure.t, None, reporter, inferred=True)
+
+    def _note_onset(self, signal: Signal) -> bool:
+        key = process_key(signal)
+        onset = Onset.of(signal)
+        kept = self.onsets.get(key)
+        if kept is None:
+            if len(self.onsets) >= MAX_PROCESSES:
+                return False
+            stored = self._store_onset(onset)
+            self.onsets[key] = (stored, stored)
+            return True
+        first, last = self.onset(kept[0]), self.onset(kept[1])
+        new_first = onset.before(first) or (first.t is None and onset.t is not None)
+        new_last = last.before(onset)
+        if not (new_first or new_last):
+            return False
+        stored = self._store_onset(onset)
+        self.onsets[key] = (stored if new_first else kept[0], stored if new_last else kept[1])
+        return True
+
+    def _store_onset(self, onset: Onset) -> StoredOnset:
+        try:
+            index = self.onset_files.index(onset.file)
+        except ValueError:
+            index = len(self.onset_files)
+            self.onset_files.append(onset.file)
+        return (onset.t, index, onset.order)
+
+    def onset(self, stored: StoredOnset) -> Onset:
+        t, index, order = stored
+        return Onset(t, self.onset_files[index] if 0 <= index < len(self.onset_files) else None, order)
+
+    def _remember(self, key: str, rank: int) -> bool:
+        known = self.identity.get(key)
+        if known is None:
+            if len(self.identity) < MAX_PROCESSES:
+                self.identity[key] = rank
+                return True
+            return False
+        if known != rank and key not in self.conflicts and len(self.conflicts) < MAX_PROCESSES:
+            self.conflicts.append(key)
+            return True
+        return False
 
     def _note_identity(self, signal: Signal) -> bool:
         """NCCL's init line: host:pid and the GPU's bus id -> rank, but only from the job-wide communicator
@@ -213,6 +373,7 @@ class JobFacts(BaseModel):
         if not isinstance(nranks, int) or nranks < (self.world_size or 0):
             return False
         rank = int(f["comm_rank"])
+        self.ranks_seen.add(rank)
         if signal.pid is not None:
             self.identity[f"{signal.host}|p{signal.pid}"] = rank
         bus = f.get("bus_id")

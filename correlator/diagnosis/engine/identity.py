@@ -12,26 +12,123 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Sequence
 
-from correlator.diagnosis.engine.facts import normalize_bus_id
+from correlator.diagnosis.engine.facts import JobFacts, normalize_bus_id
+from correlator.diagnosis.engine.keys import node_of
 from correlator.diagnosis.models import Signal
 
 WHO = ("rank", "local_rank", "host", "pid", "gpu")
 
 
-def fill_identity(signal: Signal, identity: Mapping[str, int]) -> Signal:
-    if signal.rank is not None or not signal.host:
+class IdentityResolver:
+    """Global ranks for lines that name only a local rank, a pid or a GPU on their node, from one job's facts.
+
+    In order: a line that tied the same node and local rank or pid to a rank; a launcher's report that tied
+    the pid to a local rank; the node's base rank (torchrun, mp.spawn and srun's block distribution give a
+    node's processes consecutive ranks, so one tie on a node, rank minus local rank, places all of them);
+    the one block of ranks no other node holds (world size / processes per node blocks, every other node's
+    base known); on a job of one launcher whose lines tie no local rank to another rank, the local rank
+    itself. Last, with no tie anywhere, nodes in the order of their names hold consecutive blocks: what
+    static rendezvous and Slurm's node lists give, a guess the incident says it made.
+    """
+
+    def __init__(self, facts: JobFacts) -> None:
+        self.facts = facts
+        self.bases: dict[str, int] = {}
+        self.guessed: set[str] = set()
+        self._place_nodes()
+
+    def rank_of(self, node: str, local: int | None, pid: int | None) -> int | None:
+        facts = self.facts
+        keys = []
+        if pid is not None:
+            keys.append(f"{node}|p{pid}")
+            if local is None:
+                local = facts.local_of.get(f"{node}|p{pid}")
+        if local is not None:
+            keys.append(f"{node}|l{local}")
+        for key in keys:
+            if key in facts.identity and key not in facts.conflicts:
+                return facts.identity[key]
+        if local is None:
+            return None
+        base = self.bases.get(node)
+        if base is not None:
+            return base + local
+        return local if self.single_launcher() else None
+
+    def single_launcher(self) -> bool:
+        """One launcher numbers every process of the job: one node wrote local ranks or pids (or only files
+        with no host name did, a console and a --log-dir tree of the same machine, and the world when known is
+        no larger than their local ranks), and no line tied a local rank to another rank."""
+        facts = self.facts
+        if not facts.nodes or not facts.local_is_rank or facts.conflicts:
+            return False
+        named = [n for n in facts.nodes if not n.startswith("f:")]
+        if len(named) > 1 or (named and len(facts.nodes) > 1):
+            return False
+        if len(facts.nodes) == 1:
+            # One node in all the logs: its launcher numbered the job unless a line tied one of its local ranks
+            # to another rank (then these are one node's logs of several). Neither a world size larger than
+            # the local ranks seen nor higher ranks named say otherwise: a launcher's lines name only the
+            # local ranks that failed, and a peer's line may name any rank.
+            return True
+        highest = max(facts.nodes.values())
+        return facts.world_size is None or highest < 0 or facts.world_size <= highest + 1
+
+    def _place_nodes(self) -> None:
+        facts = self.facts
+        offsets: dict[str, set[int]] = {}
+        for key, rank in facts.identity.items():
+            node, _, who = key.rpartition("|")
+            if who[:1] == "l" and who[1:].isdigit() and key not in facts.conflicts:
+                offsets.setdefault(node, set()).add(rank - int(who[1:]))
+        self.bases = {node: next(iter(found)) for node, found in offsets.items() if len(found) == 1}
+        if self.single_launcher():
+            return
+        # Nodes of one kind only: hosts, or files with no host name (a host's console and its --log-dir tree
+        # are one machine's; blocks are not shared out between them).
+        named = [n for n in facts.nodes if not n.startswith("f:")]
+        nodes = sorted(named or facts.nodes, key=_natural)
+        if len(nodes) < 2 or (named and len(named) != len(facts.nodes)):
+            return
+        size = max(facts.nodes[n] for n in nodes) + 1
+        if size < 1 or any(base % size for base in self.bases.values()):
+            return  # not blocks of one size: nothing to infer
+        world = facts.world_size or size * len(nodes)
+        if world != size * len(nodes):
+            return
+        free = sorted(set(range(0, world, size)) - set(self.bases.values()))
+        unknown = [n for n in nodes if n not in self.bases]
+        if len(unknown) != len(free) or not unknown:
+            return
+        known_order = [self.bases[n] for n in nodes if n in self.bases]
+        if len(unknown) > 1 and known_order != sorted(known_order):
+            return  # the names' order is not the ranks' order here: no guess
+        for node, base in zip(unknown, free, strict=True):
+            self.bases[node] = base
+            if len(unknown) > 1:
+                self.guessed.add(node)
+
+
+def _natural(name: str) -> tuple[object, ...]:
+    """Names in their natural order: node2 before node10."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
+
+
+def fill_identity(signal: Signal, resolver: IdentityResolver) -> Signal:
+    """The signal with its global rank when its line names only a local rank, a pid or a GPU on its node, and
+    the job's identity tables place it (`IdentityResolver`; a kernel Xid line's bus id through NCCL's init
+    lines)."""
+    if signal.rank is not None:
         return signal
-    host = signal.host
-    for key in (
-        f"{host}|p{signal.pid}" if signal.pid is not None else None,
-        f"{host}|l{signal.local_rank}" if signal.local_rank is not None else None,
-        f"{host}|b{normalize_bus_id(signal.gpu)}" if signal.gpu and ":" in signal.gpu else None,
-    ):
-        if key is not None and key in identity:
-            return signal.model_copy(update={"rank": identity[key]})
-    return signal
+    node = node_of(signal)
+    rank = resolver.rank_of(node, signal.local_rank, signal.pid)
+    if rank is None and signal.host and signal.gpu and ":" in signal.gpu:
+        rank = resolver.facts.identity.get(f"{node}|b{normalize_bus_id(signal.gpu)}")
+    return signal if rank is None else signal.model_copy(update={"rank": rank})
 
 
 def is_failure_report(signal: Signal, tags: frozenset[str] = frozenset()) -> bool:

@@ -125,6 +125,27 @@ def _missing_member(group: GroupProgress, world_size: int | None) -> Suspect | N
     )
 
 
+def missing_reporter(reporters: set[int], known: set[int], world_size: int | None) -> Suspect | None:
+    """The one rank of the job that did not report a timeout or a peer's failure while every other did: the
+    others waited for it. The job's ranks are the world size when a line gave it, else every rank some line
+    named (a launcher's failure summary lists the rank it tore down; c10d's prefixes name the writer)."""
+    if len(reporters) < 2:
+        return None
+    expected = set(range(world_size)) if world_size else known | reporters
+    missing = sorted(expected - reporters)
+    if len(missing) != 1:
+        return None
+    rank = missing[0]
+    how = (f"world size {world_size}" if world_size else
+           f"the {len(expected)} ranks the job's lines name")
+    return Suspect(
+        rank,
+        f"rank {rank} is the only one of {how} that reported no timeout or peer failure: the others waited for it",
+        world_size is not None or rank in known,
+        UNKNOWN_GROUP,
+    )
+
+
 def inferred_missing(reporters: set[int]) -> Suspect | None:
     """With no size known: the one gap in an otherwise contiguous run of reporting ranks (weak evidence)."""
     if len(reporters) < 4:

@@ -7,6 +7,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
+from correlator.diagnosis.engine.keys import time_of
 from correlator.diagnosis.engine.timeline import Timeline
 from correlator.diagnosis.models import Signal
 from correlator.diagnosis.rules import Rule
@@ -86,16 +87,29 @@ def resolve_sequence_absence_metric(
         ]
     return kept
 
+def progress_order(signal: Signal) -> tuple[float, float, int]:
+    """Where a signal stands in the training: its step when the line gives one, then its time and order."""
+    step = signal.fields.get("step")
+    t = time_of(signal)
+    return (float(step) if isinstance(step, (int, float)) else float("inf"),
+            t if t is not None else float("inf"), signal.order)
+
+
 def metric_outliers(rule: Rule, observations: Sequence[Signal]) -> list[Signal]:
     assert rule.metric is not None
     field = rule.metric.field
     per_rank: dict[object, list[tuple[float, Signal]]] = defaultdict(list)
+    non_finite: list[Signal] = []
     for s in observations:
         value = s.fields.get(field)
         if isinstance(value, (int, float)):
             per_rank[s.rank if s.rank is not None else s.host].append((float(value), s))
         elif isinstance(value, str) and value.lower() in ("nan", "inf", "-inf"):
-            return [s]  # a non-finite value is abnormal by itself
+            non_finite.append(s)
+    if non_finite:
+        # A non-finite value is abnormal by itself; once one rank's goes non-finite, the all-reduce spreads it to
+        # every rank at the next step: the first is the one at the lowest step (no clock needed), then in time.
+        return [min(non_finite, key=progress_order)]
     if len(per_rank) >= 2:
         peaks = {k: max(v, key=lambda p: p[0]) for k, v in per_rank.items()}
         for key, (value, s) in peaks.items():

@@ -59,6 +59,31 @@ GOLDEN: list[tuple[str, Identity]] = [
             severity="warning",
         ),
     ),
+    # pdsh / the DeepSpeed launcher: the remote host in front of whatever the node printed
+    (
+        "node02: [default1]:[rank5]: RuntimeError: boom",
+        Identity(text="RuntimeError: boom", rank=5, local_rank=1, host="node02"),
+    ),
+    ("gpu-a100-07: [rank11]: Traceback (most recent call last):",
+     Identity(text="Traceback (most recent call last):", rank=11, host="gpu-a100-07")),
+    # a traceback frame behind the host keeps its indentation
+    ('ip-10-0-1-23:   File "/opt/train.py", line 3, in <module>',
+     Identity(text='  File "/opt/train.py", line 3, in <module>', host="ip-10-0-1-23")),
+    ("10.0.0.5: [rank2]: ValueError: bad", Identity(text="ValueError: bad", rank=2, host="10.0.0.5")),
+    ("localhost: [default0]:hello", Identity(text="hello", local_rank=0, host="localhost")),
+    # a relaying launcher's stream label
+    ("stderr: [rank1]: KeyError: 'label'", Identity(text="KeyError: 'label'", rank=1)),
+    # a host and slot in brackets
+    ("[node04:3] ValueError: bad", Identity(text="ValueError: bad", local_rank=3, host="node04")),
+    # srun -l in front of torchrun's tee prefix: one launcher per node, the label is the node
+    ("1: [default1]:[rank3]: oops", Identity(text="oops", rank=3, local_rank=1, host="task1")),
+    ("1: [default1]:step 3", Identity(text="step 3", local_rank=1, host="task1")),
+    # ... and in front of the launcher's agent logger
+    (
+        "2: W1204 20:37:25.488000 6816 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 6825",
+        Identity(text="Sending process 6825", pid=6816, host="task2", severity="warning",
+                 ts=utc(2025, 12, 4, 20, 37, 25, 488000)),
+    ),
     # torchrun --tee: [role][local_rank]:
     ("[default3]:loss=nan at step 400", Identity(text="loss=nan at step 400", local_rank=3)),
     ("[trainer1]: epoch 2 done", Identity(text="epoch 2 done", local_rank=1)),
@@ -348,6 +373,13 @@ NOT_PREFIXES = [
     "[12] Timeout",
     "INFO     | __main__:train:26 - Start Train",
     "Params | 124 M",
+    # words a program prints before a colon are not pdsh hosts, digits or not
+    "step3: loss 2.1",
+    "epoch10: done",
+    "sha256: 9f2c",
+    "utf-8: decode error",
+    "RuntimeError: Connection closed by peer",
+    "Note: training resumed",
     "",
 ]
 
@@ -409,6 +441,12 @@ def test_all_timestamps_are_utc_aware() -> None:
         ("/logs/train_rank_03.txt", {}),
         ("/logs/myrank7model.log", {}),
         ("/data/ranking-2024.log", {}),
+        # host names as clusters name them, as a file's stem or its folder; runs and pieces of data are not hosts
+        ("/logs/gpu-a100-0137.log", {"host": "gpu-a100-0137"}),
+        ("/logs/ip-10-1-3-77/rank37.out", {"host": "ip-10-1-3-77", "rank": 37}),
+        ("/logs/train-37.txt", {}),
+        ("/logs/part-00001.log", {}),
+        ("/logs/run-2024-05-01.log", {}),
         ("/logs/worker-5.log", {"rank": 5}),
         ("/tmp/torchelastic_k2/5521_x8/attempt_0/3/stdout.log", {"attempt": 0, "local_rank": 3}),
         ("/logs/rank-12/stdout.log", {"rank": 12}),
@@ -430,3 +468,17 @@ def test_all_timestamps_are_utc_aware() -> None:
 )
 def test_identity_from_path(path: str, expected: dict[str, str | int]) -> None:
     assert identity_from_path(path) == expected
+
+
+def test_srun_labels_are_a_files_nodes_when_any_line_shows_a_launcher_per_node() -> None:
+    """`srun -l torchrun ...`: every line of the file, the launcher's failure summary included, is about a node.
+    (Off: the summary's `1:   exitcode  : -11 (pid: 7)` reads as rank 1.)"""
+    from ingest.prefixes import sniff_srun_labels
+
+    lines = ["0: [default0]:step 1", "1: [default1]:[rank3]: step 1", "1:   exitcode  : -11 (pid: 7)"]
+    assert sniff_srun_labels(lines) == "node"
+    assert sniff_srun_labels(["0: step 1", "3: step 1"]) == "auto"
+    summary = parse_prefixes(lines[2], srun_labels="node")
+    assert (summary.rank, summary.host) == (None, "task1")
+    assert parse_prefixes(lines[2]).rank == 1  # one task per rank: the label is the rank
+    assert parse_prefixes("3: [rank3]: x", srun_labels="rank").rank == 3
