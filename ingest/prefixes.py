@@ -26,7 +26,7 @@ from typing import Literal
 
 from ingest import timestamps as tsu
 
-__all__ = ["Identity", "SrunLabels", "identity_from_path", "parse_prefixes", "sniff_srun_labels"]
+__all__ = ["Identity", "SrunLabels", "hosts_among", "identity_from_path", "parse_prefixes", "sniff_srun_labels"]
 
 SrunLabels = Literal["auto", "rank", "node"]
 
@@ -485,6 +485,20 @@ _NOT_HOST_FIRST_WORDS = frozenset({
 })
 
 
+def hosts_among(paths: Iterable[str]) -> frozenset[str]:
+    """Names that are machines in a set of log paths: file stems or folders shaped like cluster host names
+    (gpu-a100-0137, ip-10-1-3-77) of which two or more differ only in their numbers at the same place in their
+    paths (one file per host). A single such name is not enough: a job's folder is named like that too."""
+    by_shape: dict[tuple[int, str], set[str]] = {}
+    for path in paths:
+        parts = [p for p in PurePath(path).parts if p not in ("/", "")]
+        for depth, part in enumerate(reversed(parts)):
+            name = _stem(part) if depth == 0 else part
+            if _hostname_shaped(name):
+                by_shape.setdefault((depth, re.sub(r"\d+", "#", name.lower())), set()).add(name)
+    return frozenset(n for names in by_shape.values() if len(names) >= 2 for n in names)
+
+
 def _hostname_shaped(name: str) -> bool:
     lowered = name.lower()
     if _HOSTNAME.fullmatch(lowered) is None or not any(c.isdigit() for c in lowered):
@@ -507,7 +521,7 @@ def _stem(name: str) -> str:
     return name
 
 
-def identity_from_path(path: str) -> dict[str, str | int]:
+def identity_from_path(path: str, hosts: frozenset[str] = frozenset()) -> dict[str, str | int]:
     """Hints about a log file's writer from its path.
 
     Keys (only those found): `rank`, `local_rank`, `host`, `job_id`, `pod_index`, `attempt`.
@@ -515,7 +529,8 @@ def identity_from_path(path: str) -> dict[str, str | int]:
     `logs/rank3/stdout.log` -> rank; `local_rank5.log` -> local_rank; `JOB-worker-2.log` -> job_id=JOB,
     pod_index=2 (a pod's index is not its global rank); `node01/...` or `node01.log` -> host;
     `slurm-12345.out` -> job_id; torchrun's `--log-dir` layout `<run>/attempt_1/3/stdout.log` -> attempt,
-    local_rank. Digits inside an arbitrary name (`train_rank3_debug.log`) are not identity.
+    local_rank. Digits inside an arbitrary name (`train_rank3_debug.log`) are not identity. `hosts`: other names
+    that are hosts in this job (`hosts_among`: siblings named like a cluster's machines).
     """
     hints: dict[str, str | int] = {}
     parts = [p for p in PurePath(path).parts if p not in ("/", "")]
@@ -546,6 +561,6 @@ def identity_from_path(path: str) -> dict[str, str | int]:
                 hints["pod_index"] = int(m["idx"])
             hints["host"] = name
             continue
-        if _PATH_HOST_DIR.match(name) is not None or _hostname_shaped(name):
+        if _PATH_HOST_DIR.match(name) is not None or name in hosts:
             hints["host"] = name
     return hints

@@ -31,7 +31,14 @@ from correlator.diagnosis.signals import SignalExtractor, best_hits_per_line
 from correlator.offline.routine import RoutineAggregate, RoutineAggregator
 from ingest.event import LogEvent
 from ingest.multiline import is_continuation, split_glued
-from ingest.prefixes import Identity, SrunLabels, identity_from_path, parse_prefixes, sniff_srun_labels
+from ingest.prefixes import (
+    Identity,
+    SrunLabels,
+    hosts_among,
+    identity_from_path,
+    parse_prefixes,
+    sniff_srun_labels,
+)
 
 if TYPE_CHECKING:
     import multiprocessing.pool
@@ -132,6 +139,7 @@ class Diagnoser:
         """`jobs`: processes that scan a large plain file's chunks at once (forked from this one, so
         only a caller that runs no other threads should ask for more than 1: the CLI does)."""
         self.jobs = max(1, jobs)
+        self._hosts: frozenset[str] = frozenset()  # host-named files and folders of the paths being read
         self.ruleset = ruleset or load_ruleset()
         self.matcher = matcher or Matcher(self.ruleset)
         self.extractor = SignalExtractor(self.ruleset, self.matcher)
@@ -148,7 +156,9 @@ class Diagnoser:
         progress: Callable[[int], None] | None = None,
     ) -> list[Signal]:
         signals: list[Signal] = []
-        for file_index, source in enumerate(iter_sources(paths, stats)):
+        sources = list(iter_sources(paths, stats))
+        self._hosts = hosts_among(source.name for source in sources)
+        for file_index, source in enumerate(sources):
             try:
                 stream = source.open()
             except OSError as exc:
@@ -178,7 +188,7 @@ class Diagnoser:
             stats.skipped.append(f"{source.name}: binary data, skipped")
             return []
         stats.files += 1
-        path_hints = identity_from_path(source.name) if source.name != "<stdin>" else {}
+        path_hints = identity_from_path(source.name, self._hosts) if source.name != "<stdin>" else {}
         if sniff_srun_labels(head[:SNIFF_BYTES].decode("utf-8", "replace").splitlines()) == "node":
             path_hints["srun_labels"] = "node"
         if _looks_json_lines(head):

@@ -205,6 +205,8 @@ class Engine:
                           key=lambda c: (id(c) not in consequences, c.key()))
             primary = most_accused(first_in_training(primary, pool), nodes)
             signal, note = named_by_reports(corroborated(primary.signal, matches), reports)
+            if signal.rank is None and signal.host is None and signal.pid is None:
+                signal, note = self._by_elimination(signal, note, nodes, causality, state)
             choice = Choice(primary=primary, signal=signal, identity_note=note)
             incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
         elif live and any(SEVERITY_RANK.get(n.signal.severity, 2) > 1 for n in live):
@@ -261,6 +263,21 @@ class Engine:
         if suspect is None and primary.aggregate is None:
             signal, note = named_by_reports(primary.signal, reports)
         return Choice(primary=primary, signal=signal, victims_only=True, suspect=suspect, identity_note=note)
+
+    @staticmethod
+    def _by_elimination(signal: Signal, note: str, nodes: list[Node], causality: Causality,
+                        state: JobState) -> tuple[Signal, str]:
+        """A death whose line names nobody (glibc's abort message in an unprefixed console) belongs to the one
+        rank of the job that logged no consequence while every other did: the others lost it."""
+        reporters: set[int] = set()
+        for n in nodes:
+            if n.cls in WAITING_CLASSES and causality.role(n) == "collateral":
+                reporters |= n.ranks()
+        suspect = missing_reporter(reporters, set(state.ranks_seen), state.world_size, at_least=1)
+        if suspect is None or not suspect.strong:
+            return signal, note
+        told = f"rank {suspect.rank} by elimination: {suspect.reason}"
+        return signal.model_copy(update={"rank": suspect.rank}), f"{note}; {told}" if note else told
 
     def _timeout_s(self, groups: dict[str, GroupProgress]) -> float:
         logged = [g.timeout_ms for g in groups.values() if g.timeout_ms]

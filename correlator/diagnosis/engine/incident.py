@@ -56,7 +56,7 @@ class IncidentBuilder:
         elif choice.victims_only:
             if suspect is not None and suspect.mismatch:
                 cls = "collective_mismatch"
-            elif suspect is not None and suspect.strong and cls == "nccl_timeout":
+            elif suspect is not None and suspect.strong and cls in ("nccl_timeout", "nccl_error"):
                 cls = "straggler_hang"
             if suspect is not None:
                 initiator = Initiator(rank=suspect.rank, ts=iso(t0), rule=signal.rule_id, line=signal.line)

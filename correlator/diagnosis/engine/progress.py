@@ -125,11 +125,11 @@ def _missing_member(group: GroupProgress, world_size: int | None) -> Suspect | N
     )
 
 
-def missing_reporter(reporters: set[int], known: set[int], world_size: int | None) -> Suspect | None:
+def missing_reporter(reporters: set[int], known: set[int], world_size: int | None, at_least: int = 2) -> Suspect | None:
     """The one rank of the job that did not report a timeout or a peer's failure while every other did: the
     others waited for it. The job's ranks are the world size when a line gave it, else every rank some line
     named (a launcher's failure summary lists the rank it tore down; c10d's prefixes name the writer)."""
-    if len(reporters) < 2:
+    if len(reporters) < at_least:
         return None
     expected = set(range(world_size)) if world_size else known | reporters
     missing = sorted(expected - reporters)

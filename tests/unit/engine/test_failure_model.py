@@ -98,18 +98,18 @@ def _rule(rule_id: str, cls: str, pattern: str, explains: str, confidence: float
 
 def test_a_signal_explains_by_its_own_rule_not_by_its_class(tmp_path: Path) -> None:
     """A rule with `explains: []` explains nothing, even when another rule of its class explains the rest: the
-    fabric error stays a cause, of the higher tier. (Off: explanations from the union over the class's rules
-    -> the fabric error is explained away and the weaker OOM line is taken.)"""
+    GPU fault stays a cause, of the higher tier. (Off: explanations from the union over the class's rules
+    -> the GPU fault is explained away and the weaker OOM line is taken.)"""
     engine, extractor = _custom_engine(tmp_path, {
-        "oom-that-explains": _rule("oom-that-explains", "cuda_oom", "OOM WITH CONSEQUENCES", "[network_fabric_error]"),
+        "oom-that-explains": _rule("oom-that-explains", "cuda_oom", "OOM WITH CONSEQUENCES", "[gpu_hardware_error]"),
         "oom-that-explains-nothing": _rule("oom-that-explains-nothing", "cuda_oom", "OOM ALONE", "[]", confidence=0.6),
-        "fabric": _rule("fabric", "network_fabric_error", "LINK DOWN", "[]", confidence=0.95),
+        "xid": _rule("xid", "gpu_hardware_error", "GPU FELL OFF", "[]", confidence=0.95),
     })
     job = JobBuilder(world=8, hosts=2, seed=3)
     job.emit(5, 100.0, "[rank5]: OOM ALONE on this rank")
-    job.emit(2, 200.0, "[rank2]: LINK DOWN on mlx5_0")
+    job.emit(2, 200.0, "[rank2]: GPU FELL OFF the bus")
     primary = run(engine, extractor, list(job.shuffled()))[0]
-    assert primary.class_ == "network_fabric_error"
+    assert primary.class_ == "gpu_hardware_error"
     assert primary.initiator.rank == 2
 
 

@@ -441,12 +441,6 @@ def test_all_timestamps_are_utc_aware() -> None:
         ("/logs/train_rank_03.txt", {}),
         ("/logs/myrank7model.log", {}),
         ("/data/ranking-2024.log", {}),
-        # host names as clusters name them, as a file's stem or its folder; runs and pieces of data are not hosts
-        ("/logs/gpu-a100-0137.log", {"host": "gpu-a100-0137"}),
-        ("/logs/ip-10-1-3-77/rank37.out", {"host": "ip-10-1-3-77", "rank": 37}),
-        ("/logs/train-37.txt", {}),
-        ("/logs/part-00001.log", {}),
-        ("/logs/run-2024-05-01.log", {}),
         ("/logs/worker-5.log", {"rank": 5}),
         ("/tmp/torchelastic_k2/5521_x8/attempt_0/3/stdout.log", {"attempt": 0, "local_rank": 3}),
         ("/logs/rank-12/stdout.log", {"rank": 12}),
@@ -482,3 +476,18 @@ def test_srun_labels_are_a_files_nodes_when_any_line_shows_a_launcher_per_node()
     assert (summary.rank, summary.host) == (None, "task1")
     assert parse_prefixes(lines[2]).rank == 1  # one task per rank: the label is the rank
     assert parse_prefixes("3: [rank3]: x", srun_labels="rank").rank == 3
+
+
+def test_machines_among_log_paths_are_names_shaped_like_hosts_that_differ_in_their_numbers() -> None:
+    """One file per host, named like the cluster's machines: two or more such names at the same place; a job's
+    folder named like a host (sigabrt-run-2/console.log) is one name, not a set of machines. (Off: every
+    host-shaped name is a host -> the job folder becomes the host of every line.)"""
+    from ingest.prefixes import hosts_among
+
+    paths = ["/logs/gpu-a100-0137.log", "/logs/gpu-a100-0138.log", "/logs/ip-10-1-3-77/rank37.out",
+             "/logs/ip-10-1-3-78/rank45.out", "/cases/sigabrt-run-2/console.log", "/logs/train-37.txt",
+             "/logs/train-38.txt", "/logs/part-00001.log", "/logs/part-00002.log"]
+    hosts = hosts_among(paths)
+    assert hosts == {"gpu-a100-0137", "gpu-a100-0138", "ip-10-1-3-77", "ip-10-1-3-78"}
+    assert identity_from_path("/logs/ip-10-1-3-77/rank37.out", hosts) == {"host": "ip-10-1-3-77", "rank": 37}
+    assert identity_from_path("/cases/sigabrt-run-2/console.log", hosts) == {}
