@@ -54,6 +54,15 @@ def _syslog_line(
     return None
 
 
+def syslog_header(line: str, year_hint: int | None = None) -> tuple[str, datetime | None, str | None] | None:
+    """(message, ts, host) when `line` starts with a timestamped or <PRI> syslog header (RSYSLOG_FileFormat,
+    RFC 5424; the traditional `May  1 12:00:00 host tag:` is a prefix `ingest.prefixes` reads)."""
+    if not (line[:1].isdigit() or line[:1] == "<"):
+        return None
+    parsed = _syslog_line(line, year_hint)
+    return None if parsed is None else parsed[:3]
+
+
 def decode_syslog_lines(
     lines: list[str], received_ts: datetime | None, max_line_bytes: int
 ) -> list[RawRecord] | None:
