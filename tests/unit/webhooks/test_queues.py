@@ -43,7 +43,7 @@ class Setup:
         return registration_key(registration.id)
 
 
-async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:  # noqa: ASYNC109 - a poll deadline, not a cancellation scope
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
