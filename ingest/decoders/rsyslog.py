@@ -25,10 +25,25 @@ _RFC5424 = re.compile(
 )
 
 
+# A logger's level where a syslog header has its HOSTNAME: `2024-05-01T12:00:00Z WARNING torch.run: ...` is an
+# application's log line with an ISO time, not a syslog line from a host named WARNING.
+_LEVEL_WORDS = frozenset({"TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "WARNING", "ERROR", "ERR", "CRITICAL", "CRIT",
+                          "FATAL", "ALERT", "EMERG", "EMERGENCY"})
+
+
 def _syslog_line(
     line: str, year_hint: int | None
 ) -> tuple[str, datetime | None, str | None, str | None, int | None] | None:
     """(message, ts, host, tag, pid) when `line` is a syslog line in one of rsyslog's formats."""
+    parsed = _syslog_fields(line, year_hint)
+    if parsed is not None and parsed[2] is not None and parsed[2].upper() in _LEVEL_WORDS:
+        return None
+    return parsed
+
+
+def _syslog_fields(
+    line: str, year_hint: int | None
+) -> tuple[str, datetime | None, str | None, str | None, int | None] | None:
     c = line[:1]
     if c == "<":
         m = _RFC5424.match(line)

@@ -86,6 +86,14 @@ def test_a_shipped_lines_own_host_wins_over_the_shippers(shipper_host: str) -> N
     assert events[2].rank == 37
 
 
+def test_an_application_line_with_an_iso_time_and_a_level_is_not_a_syslog_line_from_a_host() -> None:
+    line = "2026-12-04T21:23:50.666231+00:00 WARNING torch.distributed.run: boom"
+    [event] = [to_event(r) for r in decode_value(encode_batch([(None, None, line)], job_id="j", host="node07"))]
+    assert event.host == "node07"
+    [plain] = decode_value(line.encode())
+    assert plain.source != "rsyslog" and plain.host is None
+
+
 def test_a_forwarders_host_metadata_still_wins_over_the_lines_prefix() -> None:
     event = to_event(RawRecord(text=NCCL, source="filebeat", host="gpu-node-2"))
     assert event.host == "gpu-node-2" and event.labels == {"origin_host": "node04"}
