@@ -37,6 +37,11 @@ class Setup:
         return DestinationQueues(self.dispatcher, self.pending, on_metrics=lambda s, p: self.metrics.append((s, p)),
                                  **options)
 
+    async def close(self, *others: DestinationQueues) -> None:
+        for queues in (self.queues, *others):
+            await queues.close()
+        await self.dispatcher.close()  # its HTTP session
+
     def register(self, job_id: str, url: str) -> str:
         registration = Registration(url=url)
         self.registry.upsert(job_id, registration)
@@ -75,7 +80,7 @@ def test_a_dead_receiver_delays_only_its_own_destination(http_receiver: HttpRece
         assert "connect failed" in status_a["last_error"] and status_a["next_retry_at"]
         assert setup.pending.get("b-1") is None and setup.pending.get("a-1") is not None
         assert setup.progress.get("b-1") == {key_b: [1, 0]}
-        await setup.queues.close()
+        await setup.close()
 
     run(go)
 
@@ -110,7 +115,7 @@ def test_a_destination_that_gave_up_is_dead_lettered_kept_and_delivered_when_its
         assert status["next_retry_at"] is None and status["dead_since"] is None
         assert setup.pending.mapping == {}
         assert len(setup.dispatcher.dead_lettered) == 1  # the destination gave up once; nothing dropped
-        await setup.queues.close()
+        await setup.close()
 
     run(go)
 
@@ -141,7 +146,7 @@ def test_pending_deliveries_survive_a_restart_and_a_newer_revision_replaces_a_wa
         assert setup.pending.mapping == {} and setup.progress.get("a-1") == {key: [2, 0]}
         # Read again (a replay): nobody is notified twice.
         assert await restarted.accept(make_incident("job-a", incident_id="a-1", revision=2), 3) == []
-        await restarted.close()
+        await setup.close(restarted)
 
     run(go)
 
@@ -160,7 +165,7 @@ def test_a_final_answer_is_dead_lettered_for_good_and_the_queue_goes_on(http_rec
         status = setup.queues.status(key) or {}
         assert status["state"] == "ok" and status["last_error"] == "final answer 404" and status["pending"] == 0
         assert setup.pending.mapping == {}
-        await setup.queues.close()
+        await setup.close()
 
     run(go)
 
@@ -177,7 +182,7 @@ def test_a_full_queue_dead_letters_new_deliveries_at_once() -> None:
         assert "2 deliveries already waiting" in record["reason"]
         assert (setup.queues.status(key) or {})["pending"] == 2
         assert setup.progress.get("a-2") == {key: [1, 0]} and setup.pending.get("a-2") is None
-        await setup.queues.close()
+        await setup.close()
 
     run(go)
 
@@ -193,7 +198,7 @@ def test_a_revoked_partition_is_dropped_and_its_delivery_in_flight_cancelled() -
         assert (setup.queues.status(key) or {})["pending"] == 0
         await until(lambda: not setup.queues.delivering, timeout=5)
         assert setup.pending.get("a-1") is not None  # the new owner delivers it from the table
-        await setup.queues.close()
+        await setup.close()
 
     run(go)
 
@@ -214,6 +219,6 @@ def test_the_api_shows_each_webhooks_delivery_state() -> None:
         assert delivery["state"] == "dead" and delivery["pending"] == 1
         assert delivery["last_error"].startswith("3 attempts failed, last: connect failed")
         assert delivery["next_retry_at"].endswith("Z") and delivery["dead_since"].endswith("Z")
-        await setup.queues.close()
+        await setup.close()
 
     run(go)
