@@ -45,7 +45,7 @@ fuzz: $(STAMP)
 lint: ruff typecheck lint-imports
 
 ruff: $(STAMP)
-	$(VENV)/bin/ruff check ingest correlator tests benchmarks scripts
+	$(VENV)/bin/ruff check ingest correlator tests benchmarks scripts lab
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

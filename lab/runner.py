@@ -15,6 +15,7 @@ logs, a failing job exited 0 (or a trap job failed), or the job outlived the har
 from __future__ import annotations
 
 import csv
+import contextlib
 import ctypes
 import hashlib
 import http.server
@@ -65,10 +66,8 @@ def job_id(name: str) -> str:
 
 def become_subreaper() -> None:
     """Orphans of the jobs re-parent to this process, so a timed-out job can be found and ended."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux, or no prctl: orphans go to init
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
 
 
 def descendants(root: int) -> list[int]:
@@ -127,7 +126,7 @@ def _bad_line(variant: str | None, rec: dict[str, Any]) -> str:
         rec["lable"] = 1
         return json.dumps(rec)
     if variant == "valueerror":
-        rec = dict(rec, features=rec["features"][:5] + ["n/a"] + rec["features"][6:])
+        rec = dict(rec, features=[*rec["features"][:5], "n/a", *rec["features"][6:]])
         return json.dumps(rec)
     # json: a line cut short by an interrupted writer
     text = json.dumps(rec)
@@ -222,7 +221,7 @@ def launcher_argv(s: Scenario, i: int, root: Path, ports: dict[str, int]) -> lis
                 "--main_process_port", str(port)]
         if s.rdzv == "c10d":
             argv += ["--rdzv_backend", "c10d"]
-        return argv + [script, "--config", "job.json"]
+        return [*argv, script, "--config", "job.json"]
     argv = [str(bindir / "torchrun"), "--nnodes", str(s.hosts), "--nproc_per_node", str(s.procs)]
     rdzv_conf = s.job.get("rdzv_conf")
     if s.rdzv == "c10d":
@@ -239,7 +238,7 @@ def launcher_argv(s: Scenario, i: int, root: Path, ports: dict[str, int]) -> lis
         argv += ["--log_dir", str(root / "logs" / host), "--redirects", "3"]
     else:
         argv += ["--tee", "3"]
-    return argv + [script, "--config", "job.json"]
+    return [*argv, script, "--config", "job.json"]
 
 
 def host_env(s: Scenario, i: int, ports: dict[str, int], root: Path) -> dict[str, str]:
@@ -448,7 +447,7 @@ def run_scenario(s: Scenario, out: Path, *, keep_work: bool = False) -> RunResul
             if f.rank is not None:
                 fault_for.setdefault(f.rank, []).append(f)
         write_data(s, root, fault_for)
-        ports = dict(zip(("master", "wrong"), free_ports(2)))
+        ports = dict(zip(("master", "wrong"), free_ports(2), strict=False))
         extra: dict[str, Any] = {}
         resets = {f"/rank{f.rank:02d}/part-000.jsonl" for f in s.faults if f.kind == "transient_reset"}
         if resets or s.job.get("loader") == "http":
