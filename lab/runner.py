@@ -14,8 +14,8 @@ logs, a failing job exited 0 (or a trap job failed), or the job outlived the har
 
 from __future__ import annotations
 
-import csv
 import contextlib
+import csv
 import ctypes
 import hashlib
 import http.server
