@@ -107,6 +107,8 @@ def test_a_destination_that_gave_up_is_dead_lettered_kept_and_delivered_when_its
         revived.start()
         try:
             await until(lambda: len(revived.delivered("/a")) == 2)
+            # The receiver has the body before the queue has booked the answer.
+            await until(lambda: (setup.queues.status(key) or {}).get("pending") == 0)
         finally:
             revived.stop()
         assert [r.webhook_id for r in revived.requests] == ["a-1:1", "a-2:1"]
@@ -139,7 +141,8 @@ def test_pending_deliveries_survive_a_restart_and_a_newer_revision_replaces_a_wa
         revived.start()
         try:
             await until(lambda: len(revived.delivered()) == 1)
-            await asyncio.sleep(0.5)
+            await until(lambda: setup.pending.mapping == {})
+            await asyncio.sleep(0.5)  # room for a wrongly sent revision 1 to arrive
         finally:
             revived.stop()
         assert [r.webhook_id for r in revived.requests] == ["a-1:2"]  # revision 1, superseded, never sent
@@ -160,6 +163,7 @@ def test_a_final_answer_is_dead_lettered_for_good_and_the_queue_goes_on(http_rec
         await setup.queues.accept(make_incident("job-a", incident_id="a-1"), 0)
         await setup.queues.accept(make_incident("job-a", incident_id="a-2"), 0)
         await until(lambda: len(http_receiver.delivered("/a")) == 1)
+        await until(lambda: (setup.queues.status(key) or {}).get("pending") == 0)
         [record] = setup.dispatcher.dead_lettered
         assert record["kept"] is False and record["reason"] == "final answer 404" and record["delivery_id"] == "a-1:1"
         status = setup.queues.status(key) or {}
