@@ -39,6 +39,16 @@ class IdentityResolver:
         self.bases: dict[str, int] = {}
         self.guessed: set[str] = set()
         self._place_nodes()
+        self._hosts_of: dict[int, set[str]] = {}
+        for key, rank in facts.identity.items():
+            node = key.rpartition("|")[0]
+            if node and not node.startswith("f:") and key not in facts.conflicts:
+                self._hosts_of.setdefault(rank, set()).add(node)
+
+    def host_of(self, rank: int) -> str | None:
+        """The host a global rank ran on, when a line tied it to one (one host only)."""
+        hosts = self._hosts_of.get(rank)
+        return next(iter(hosts)) if hosts is not None and len(hosts) == 1 else None
 
     def rank_of(self, node: str, local: int | None, pid: int | None) -> int | None:
         facts = self.facts
@@ -121,8 +131,10 @@ def _natural(name: str) -> tuple[object, ...]:
 def fill_identity(signal: Signal, resolver: IdentityResolver) -> Signal:
     """The signal with its global rank when its line names only a local rank, a pid or a GPU on its node, and
     the job's identity tables place it (`IdentityResolver`; a kernel Xid line's bus id through NCCL's init
-    lines)."""
+    lines); and with its host when it names a rank that a line tied to one host."""
     if signal.rank is not None:
+        if signal.host is None and (host := resolver.host_of(signal.rank)) is not None:
+            return signal.model_copy(update={"host": host})
         return signal
     node = node_of(signal)
     rank = resolver.rank_of(node, signal.local_rank, signal.pid)
