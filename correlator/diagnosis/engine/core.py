@@ -50,6 +50,7 @@ from correlator.diagnosis.rules import GENERIC_CLASSES, HINT_TAG, Rule, RuleSet
 
 SAME_PROCESS_RECOVERY_S = 1.0  # a progress line this long after a failure, from the same process
 ANONYMOUS_RECOVERY_S = 60.0  # the same, when neither line names its process (other ranks' steps in flight)
+AFTER_COMPLETION_S = 600.0  # a failure this long after training completed is not the job's (a final save is quicker)
 TRACEBACK_S = 60.0  # lines of one traceback on one process
 MAX_RECOVERED_PER_WINDOW = 3
 # Consequences a rank reports while it waits for a peer (or loses it): the rank that reports none of them while
@@ -110,7 +111,7 @@ class Engine:
             for window, window_aggregates in self._windows(attempt_signals, attempt_aggregates, timeline):
                 incidents.extend(self._window_incidents(state, onsets, progress, attempt, window, window_aggregates,
                                                         timeline, now_t, earlier))
-        incidents = _distinct_ids(state.job_id, incidents)
+        incidents = _survived_by_restart(state, _distinct_ids(state.job_id, incidents))
         incidents.sort(key=_primary_order)
         return incidents
 
@@ -292,12 +293,17 @@ class Engine:
         s = node.signal
         if node.aggregate is not None or self.roles.get(s.rule_id) == "collateral" or node.cls in self.silent:
             return ""
-        if _restarted_after(state, s):
-            return ""  # the attempt ended in a restart: whatever failed in it was not survived
         raw = time_of(s)
         for done in state.completions:
-            if done.after(raw, s.file, s.order) and state.attempt_at(done.t, s.host, done.file, done.order) == attempt:
-                return "training completed after it"
+            if raw is not None and done.t is not None and raw - done.t > AFTER_COMPLETION_S \
+                    and state.attempt_at(done.t, s.host, done.file, done.order) == attempt:
+                return f"it came {(raw - done.t) / 60:.0f} min after training completed: not the job's failure"
+            if done.after(raw, s.file, s.order) and state.attempt_at(done.t, s.host, done.file, done.order) >= attempt:
+                # the job finished: a failure before it was survived, by the process or by a restart
+                later = state.attempt_at(done.t, s.host, done.file, done.order) > attempt
+                return "the job restarted and training completed after it" if later else "training completed after it"
+        if _restarted_after(state, s):
+            return ""  # the attempt ended in a restart the job did not complete after: not survived
         key = process_key(s)
         progress = progress_of.get(key)
         if progress is None:
@@ -356,6 +362,22 @@ def most_accused(primary: Node, nodes: Sequence[Node]) -> Node:
         first.setdefault(s.rank, n)
     best = max(votes, key=lambda rank: (len(votes[rank]), -first[rank].key()[0], -first[rank].order))
     return first[best] if len(votes[best]) > len(votes.get(primary.signal.rank, ())) else primary
+
+
+def _survived_by_restart(state: JobState, incidents: list[Incident]) -> list[Incident]:
+    """Failures of an attempt that the job restarted from and then completed were survived (the restart is how
+    it survived them): they are recovered warnings, whatever they were."""
+    finished = [state.attempt_at(done.t, None, done.file, done.order) for done in state.completions]
+    last = max(finished, default=-1)
+    out = []
+    for incident in incidents:
+        if incident.attempt < last and not incident.recovered:
+            incident = incident.model_copy(update={
+                "recovered": True, "severity": "low",
+                "confidence_reason": incident.confidence_reason
+                + f"; the job restarted (attempt {last}) and training completed: survived"})
+        out.append(incident)
+    return out
 
 
 def _distinct_ids(job_id: str, incidents: list[Incident]) -> list[Incident]:
