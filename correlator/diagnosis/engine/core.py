@@ -369,15 +369,14 @@ def _survived_by_restart(state: JobState, incidents: list[Incident]) -> list[Inc
     it survived them): they are recovered warnings, whatever they were."""
     finished = [state.attempt_at(done.t, None, done.file, done.order) for done in state.completions]
     last = max(finished, default=-1)
-    out = []
-    for incident in incidents:
-        if incident.attempt < last and not incident.recovered:
-            incident = incident.model_copy(update={
-                "recovered": True, "severity": "low",
-                "confidence_reason": incident.confidence_reason
-                + f"; the job restarted (attempt {last}) and training completed: survived"})
-        out.append(incident)
-    return out
+    return [
+        incident.model_copy(update={
+            "recovered": True, "severity": "low",
+            "confidence_reason": incident.confidence_reason
+            + f"; the job restarted (attempt {last}) and training completed: survived"})
+        if incident.attempt < last and not incident.recovered else incident
+        for incident in incidents
+    ]
 
 
 def _distinct_ids(job_id: str, incidents: list[Incident]) -> list[Incident]:
