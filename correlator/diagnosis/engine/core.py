@@ -295,12 +295,12 @@ class Engine:
             return ""
         raw = time_of(s)
         for done in state.completions:
-            if raw is not None and done.t is not None and raw - done.t > AFTER_COMPLETION_S \
-                    and state.attempt_at(done.t, s.host, done.file, done.order) == attempt:
+            done_attempt = state.attempt_of_mark(done, s.host)
+            if raw is not None and done.t is not None and raw - done.t > AFTER_COMPLETION_S and done_attempt == attempt:
                 return f"it came {(raw - done.t) / 60:.0f} min after training completed: not the job's failure"
-            if done.after(raw, s.file, s.order) and state.attempt_at(done.t, s.host, done.file, done.order) >= attempt:
+            if done.after(raw, s.file, s.order) and done_attempt >= attempt:
                 # the job finished: a failure before it was survived, by the process or by a restart
-                later = state.attempt_at(done.t, s.host, done.file, done.order) > attempt
+                later = done_attempt > attempt
                 return "the job restarted and training completed after it" if later else "training completed after it"
         if _restarted_after(state, s):
             return ""  # the attempt ended in a restart the job did not complete after: not survived
@@ -367,7 +367,7 @@ def most_accused(primary: Node, nodes: Sequence[Node]) -> Node:
 def _survived_by_restart(state: JobState, incidents: list[Incident]) -> list[Incident]:
     """Failures of an attempt that the job restarted from and then completed were survived (the restart is how
     it survived them): they are recovered warnings, whatever they were."""
-    finished = [state.attempt_at(done.t, None, done.file, done.order) for done in state.completions]
+    finished = [state.attempt_of_mark(done) for done in state.completions]
     last = max(finished, default=-1)
     return [
         incident.model_copy(update={

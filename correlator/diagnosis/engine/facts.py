@@ -91,10 +91,12 @@ class Mark(BaseModel):
     t: float | None = None
     file: str | None = None
     order: int = 0
+    attempt: int | None = None  # the line's own attempt (a --log-dir path's attempt_N), when it said one
 
     @classmethod
     def of(cls, signal: Signal, t: float | None = None) -> Mark:
-        return cls(t=time_of(signal) if t is None else t, file=signal.file, order=signal.order)
+        return cls(t=time_of(signal) if t is None else t, file=signal.file, order=signal.order,
+                   attempt=signal.attempt)
 
     def after(self, t: float | None, file: str | None, order: int, margin_s: float = 0.0) -> bool:
         if self.t is not None and t is not None:
@@ -191,6 +193,9 @@ class JobFacts(BaseModel):
         if signal.attempt is not None:
             return signal.attempt
         return self.attempt_at(time_of(signal), signal.host, signal.file, signal.order)
+
+    def attempt_of_mark(self, mark: Mark, host: str | None = None) -> int:
+        return mark.attempt if mark.attempt is not None else self.attempt_at(mark.t, host, mark.file, mark.order)
 
     def attempt_at(self, t: float | None, host: str | None = None, file: str | None = None,
                    order: int | None = None) -> int:
