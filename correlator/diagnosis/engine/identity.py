@@ -137,7 +137,10 @@ def fill_identity(signal: Signal, resolver: IdentityResolver) -> Signal:
             return signal.model_copy(update={"host": host})
         return signal
     node = node_of(signal)
-    rank = resolver.rank_of(node, signal.local_rank, signal.pid)
+    local = signal.local_rank
+    if local is None and signal.gpu is not None and signal.gpu.isdigit():
+        local = int(signal.gpu)  # a device index: torchrun and the DeepSpeed launcher give local rank N device N
+    rank = resolver.rank_of(node, local, signal.pid)
     if rank is None and signal.host and signal.gpu and ":" in signal.gpu:
         rank = resolver.facts.identity.get(f"{node}|b{normalize_bus_id(signal.gpu)}")
     return signal if rank is None else signal.model_copy(update={"rank": rank})
