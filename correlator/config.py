@@ -149,6 +149,19 @@ class WebhookSettings(BaseModel):
         default=None, description="incident links: base URL, or a URL with an {incident_id} placeholder"
     )
     delivery: RetryPolicy = Field(default_factory=RetryPolicy, description="retries before dead-lettering")
+    dead_retry_interval_s: float = Field(
+        default=300.0, gt=0,
+        description="a destination whose retries ran out (dead-lettered) keeps its deliveries pending and is "
+        "tried again this often, one attempt each time; delivered once its receiver answers again",
+    )
+    max_pending_per_destination: int = Field(
+        default=1000, ge=1,
+        description="deliveries one destination may have waiting; past it a new one is dead-lettered for good",
+    )
+    max_pending_age_s: float = Field(
+        default=86_400.0, gt=0,
+        description="a delivery still pending after this long is dead-lettered for good (no longer retried)",
+    )
     max_replay_age_s: float | None = Field(
         default=86_400.0,
         description="incident messages older than this (broker timestamp) notify nobody: a new consumer group "

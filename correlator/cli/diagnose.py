@@ -147,12 +147,17 @@ def _write(output_format: str, output: str | None, incidents: list[Incident], si
 
         data = report_json(incidents)
     elif output_format == "html":
-        if not incidents:
-            print("rootrank diagnose: no incident: nothing to draw", file=sys.stderr)
-            return
-        from correlator.render.html import render_incident_html
+        if incidents:
+            from correlator.render.html import render_incident_html
 
-        data = render_incident_html(incidents[0], signals).encode("utf-8")
+            data = render_incident_html(incidents[0], signals).encode("utf-8")
+        else:
+            # A page that says so: a CI job publishing the picture, or someone opening it, sees why it is empty.
+            from correlator.render.html import render_no_incident_html
+
+            verdict = ("The input has no lines: nothing to diagnose." if empty
+                       else "No incident: no failure signature in these logs.")
+            data = render_no_incident_html(verdict).encode("utf-8")
     else:
         if output is None and not incidents:
             if not empty:  # as print_incidents says it, without loading the renderer (most of a clean run's start-up)

@@ -173,7 +173,8 @@ def hosts(since: str, min_jobs: int, classes: str | None, output_format: str, as
 
     Hosts that initiated incidents of hardware-like classes (GPU hardware errors, network fabric, ECC, shm,
     silent data corruption) in at least --min distinct jobs. With --notify-url, hosts that crossed the
-    threshold since the last run are POSTed there once (a drain list for the scheduler).
+    threshold since the last run are POSTed there once (a drain list for the scheduler). When none did, it
+    says so ("no host failed in 3 or more jobs since ...").
 
     Exit codes: 0 it searched; 1 Elasticsearch or the --notify-url failed; 2 a usage error.
     """
@@ -187,6 +188,7 @@ def hosts(since: str, min_jobs: int, classes: str | None, output_format: str, as
         find_offenders,
         format_offenders,
         new_crossings,
+        no_offenders,
         offender_dict,
         post_drain_list,
         remember_reported,
@@ -213,6 +215,8 @@ def hosts(since: str, min_jobs: int, classes: str | None, output_format: str, as
             sys.stdout.buffer.write(orjson.dumps(offender_dict(o)) + b"\n")
     elif offenders:
         print(format_offenders(offenders))
+    else:
+        print(no_offenders(max(1, min_jobs), since_time, since))
     if notify_url:
         fresh = new_crossings(offenders, Path(notify_state))
         if fresh:

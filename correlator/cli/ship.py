@@ -76,7 +76,12 @@ PROGRESS_HELP = (
 @config_option
 @bootstrap_option
 @click.option("--job", help="Job id; when not given: derived by the worker from labels, paths or the host.")
-@click.option("--host", help="Host name to tag lines with; when not given: this machine's.")
+@click.option("--host", help="Host name of lines that do not name their own; when not given: see --host-from.")
+@click.option("--host-from", type=click.Choice(["dir", "stem", "prefix"]), default=None,
+              help="Where a file's lines get their host when they name none: dir, the file's folder "
+              "(logs/node04/rank-37.log -> node04); stem, its name (logs/node04.log -> node04); prefix (the "
+              "default), this machine's name. Always: a host the line names itself wins (a syslog or kernel "
+              "line's hostname, pdsh's 'host: ', NCCL's host:pid:tid), as it says where the line was written.")
 @click.option("--rank", type=int, help="Global rank, when one process writes the stream.")
 @click.option("--local-rank", type=int, help="Rank within its host, when one process writes the stream.")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", callback=_labels,
@@ -115,7 +120,8 @@ PROGRESS_HELP = (
               help="Seconds between the plain status lines of --progress always (stderr not a terminal).")
 @click.argument("paths", metavar="[FILE|GLOB]... [-- COMMAND [ARGS]...]", nargs=-1)
 @click.pass_context
-def ship(click_ctx: click.Context, config: str | None, bootstrap: str | None, job: str | None, host: str | None, rank: int | None,
+def ship(click_ctx: click.Context, config: str | None, bootstrap: str | None, job: str | None, host: str | None,
+         host_from: str | None, rank: int | None,
          local_rank: int | None, labels: dict[str, str], files: tuple[str, ...], follow: bool, tee: bool,
          topic: str | None, batch_kib: int, linger_ms: int, compression: str, state_dir: str,
          send_timeout: float,
@@ -127,6 +133,7 @@ def ship(click_ctx: click.Context, config: str | None, bootstrap: str | None, jo
     \b
     rootrank ship --job J --file rank0.log --follow
     rootrank ship --job J --file 'logs/*/*.log' /var/log/kern.log
+    rootrank ship --job J --host-from dir --file 'logs/*/*.log'      (logs/node04/x.log: host node04)
     some_command | rootrank ship --job J
     rootrank ship --job J --rank 3 -- torchrun --nproc-per-node 8 train.py
 
@@ -144,6 +151,10 @@ def ship(click_ctx: click.Context, config: str | None, bootstrap: str | None, jo
     inputs = expand_inputs([*files, *paths])
     if command and inputs:
         raise click.UsageError("give files or a command after --, not both")
+    if host and host_from:
+        raise click.UsageError("give --host or --host-from, not both")
+    if host_from in ("dir", "stem") and not inputs:
+        raise click.UsageError(f"--host-from {host_from} reads the host from each file's path: give files")
     import logging
 
     from correlator.stream.setup_topics import kafka_python_config
@@ -158,6 +169,7 @@ def ship(click_ctx: click.Context, config: str | None, bootstrap: str | None, jo
         topic=topic or settings.topics.logs,
         job_id=job,
         host=host,
+        host_from=host_from,
         rank=rank,
         local_rank=local_rank,
         labels=labels,

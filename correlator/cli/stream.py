@@ -127,11 +127,27 @@ def setup(kibana: str | None, kibana_objects: str | None, kibana_space: str | No
           config: str | None) -> int:
     """Create the Kafka topics, Elasticsearch templates and aliases, Kibana objects.
 
-    Idempotent: safe to run on every deploy.
+    Idempotent: safe to run on every deploy. Each service is asked first whether anything answers at its
+    address (3 s at most); one that does not is said at once ("nothing answers at URL (connection
+    refused); is Kibana running?"), its step skipped, and the others still done.
+
+    \b
+    Exit codes: 0 done; 1 a step failed (a service not answering, or refusing a step); 2 a usage error.
     """
+    from correlator.tooling.probe import probe
+
     settings = load_cli_settings(config, es_url=es_url, bootstrap=bootstrap, partitions=partitions,
                                  use_context=True)
     failed = False
+
+    def answers(step: str, targets: str, service: str, default_port: int) -> bool:
+        problem = probe(targets, service, default_port=default_port)
+        if problem is not None:
+            print(f"rootrank setup: {step}: {problem}", file=sys.stderr)
+        return problem is None
+
+    if not skip_topics and not answers("topics", settings.kafka.bootstrap_servers, "Kafka", 9092):
+        skip_topics, failed = True, True
     if not skip_topics:
         from kafka.errors import KafkaError
 
@@ -142,6 +158,8 @@ def setup(kibana: str | None, kibana_objects: str | None, kibana_space: str | No
         except (KafkaError, OSError) as exc:  # report and go on: the other steps do not need the broker
             print(f"rootrank setup: topics: {type(exc).__name__}: {exc}", file=sys.stderr)
             failed = True
+    if not skip_templates and not answers("elasticsearch", settings.elasticsearch.url, "Elasticsearch", 9200):
+        skip_templates, failed = True, True
     if not skip_templates:
         from elastic_transport import TransportError
         from elasticsearch import ApiError
@@ -156,6 +174,8 @@ def setup(kibana: str | None, kibana_objects: str | None, kibana_space: str | No
                   file=sys.stderr)
             failed = True
     kibana_url = kibana or settings.elasticsearch.kibana_url
+    if kibana_url and not answers("kibana", kibana_url, "Kibana", 5601):
+        return 1
     if kibana_url:
         from correlator.sinks.kibana import (
             KibanaImportError,

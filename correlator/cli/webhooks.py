@@ -101,7 +101,9 @@ def add(job: str, api: str | None, token_file: str | None, config: str | None, *
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               help="text: one webhook a line; json: one webhook JSON per line.")
 def list_(job: str, api: str | None, token_file: str | None, config: str | None, output_format: str) -> int:
-    """List the job's webhooks (targets shown in full only with the API token)."""
+    """List the job's webhooks (targets shown in full only with the API token), each with its delivery
+    queue on the worker: ok, retrying or dead (its retries ran out: dead-lettered, its deliveries kept
+    and tried again), pending deliveries, the last error and the next retry."""
     import json
 
     from correlator.sinks.webhooks.client import ClientError
@@ -124,7 +126,24 @@ def list_(job: str, api: str | None, token_file: str | None, config: str | None,
             ) if part
         )
         print(f"{view['id']}  {view['kind']}  {view['target']}  {filters}".rstrip())
+        delivery = view.get("delivery")
+        if delivery:
+            print(f"    {describe_delivery(delivery)}")
     return 0
+
+
+def describe_delivery(delivery: dict[str, Any]) -> str:
+    """One line on a webhook's delivery queue, as `webhooks list` prints it."""
+    state = delivery.get("state") or "ok"
+    head = f"dead since {delivery.get('dead_since')}" if state == "dead" else state
+    parts = [f"{delivery.get('pending', 0)} pending", f"{delivery.get('delivered', 0)} delivered"]
+    if delivery.get("dead_lettered"):
+        parts.append(f"{delivery['dead_lettered']} dead-lettered")
+    if delivery.get("last_error"):
+        parts.append(f"last error: {delivery['last_error']} at {delivery.get('last_error_at')}")
+    if delivery.get("next_retry_at"):
+        parts.append(f"next retry {delivery['next_retry_at']}")
+    return f"{head}: " + "; ".join(parts)
 
 
 @webhooks.command("remove", short_help="Remove a webhook by URL or id, or all of them.")

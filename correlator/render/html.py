@@ -23,6 +23,7 @@ from correlator.diagnosis.models import Incident, Signal
 from correlator.render.timeline import (
     BREAK_W,
     Axis,
+    Story,
     TimelineEvent,
     collapse_ranks,
     dedupe,
@@ -148,17 +149,21 @@ class _Mark:
     tip: str
 
 
-def _tooltip(e: TimelineEvent, host: str, rank: int | None, offsets: dict[str, float]) -> str:
+def _tooltip(e: TimelineEvent, host: str, rank: int | None, offsets: dict[str, float], line_order: bool) -> str:
     who = f"rank {rank}" if rank is not None else "host"
-    skew = offsets.get(host)
-    tip = f"{who} on {host or '?'} at {_fmt_clock(e.t)} (skew-corrected"
-    tip += f"; host clock {_fmt_rel(skew)} off)" if skew else ")"
+    if line_order:
+        tip = f"{who} on {host or '?'}, line {int(e.t) + 1} in line order (no time read)"
+    else:
+        skew = offsets.get(host)
+        tip = f"{who} on {host or '?'} at {_fmt_clock(e.t)} (skew-corrected"
+        tip += f"; host clock {_fmt_rel(skew)} off)" if skew else ")"
     tip += f"\n{e.cls} \u00b7 {e.rule}" + (f" \u00b7 {e.count} lines" if e.count > 1 else "")
     return tip + f"\n{e.line[:400]}"
 
 
-def _swimlanes(incident: Incident, events: list[TimelineEvent], offsets: dict[str, float]) -> dict[str, Any]:
+def _swimlanes(incident: Incident, story: Story) -> dict[str, Any]:
     """The template context of the SVG: lanes, axis and markers, in page coordinates."""
+    events, offsets, line_order = story.events, story.offsets, story.line_order
     axis = Axis([e.t for e in events], PLOT_W)
     ranks = {e.lane[1] for e in events if e.lane[1] is not None}
     collapsed = len(ranks) > MAX_RANK_LANES
@@ -197,6 +202,10 @@ def _swimlanes(incident: Incident, events: list[TimelineEvent], offsets: dict[st
     ticks: list[_Tick] = []
     seen_cluster: set[int] = set()
     for x, t in axis.ticks():
+        if line_order:  # the axis counts lines, not seconds
+            if t == int(t):
+                ticks.append(_Tick(LABEL_W + x, None, f"line {int(t) + 1}"))
+            continue
         cluster = axis.cluster_of(t)
         tick_clock: str | None = None
         if cluster not in seen_cluster:
@@ -206,7 +215,7 @@ def _swimlanes(incident: Incident, events: list[TimelineEvent], offsets: dict[st
     breaks = [
         _Break(LABEL_W + bx, _fmt_rel(skipped)[1:], f"{skipped:.1f} s without events, cut from the axis")
         for bx, skipped in axis.breaks()
-    ]
+    ] if not line_order else []
     marks: list[_Mark] = []
     for e in sorted(events, key=lambda e: e.role == "initiator"):
         host, rank = e.lane
@@ -216,7 +225,8 @@ def _swimlanes(incident: Incident, events: list[TimelineEvent], offsets: dict[st
         if ly is None:
             continue
         color = _ROLE_COLORS.get(e.role) or _class_color(e.cls)
-        marks.append(_Mark(e.role, e.cls, e.t, LABEL_W + axis.x(e.t), ly, color, _tooltip(e, host, rank, offsets)))
+        marks.append(_Mark(e.role, e.cls, e.t, LABEL_W + axis.x(e.t), ly, color,
+                           _tooltip(e, host, rank, offsets, line_order)))
     return {
         "headers": headers,
         "rows": rows,
@@ -225,7 +235,8 @@ def _swimlanes(incident: Incident, events: list[TimelineEvent], offsets: dict[st
         "marks": marks,
         "height": height,
         "initiator_x": LABEL_W + axis.x(t0),
-        "initiator_clock": _fmt_clock(t0),
+        "axis_title": ("line order (no time could be read from these lines)" if line_order
+                       else f"time, skew-corrected (UTC); 0 = initiating event at {_fmt_clock(t0)}"),
         "label_w": LABEL_W,
         "plot_w": PLOT_W,
         "lane_h": LANE_H,
@@ -272,9 +283,17 @@ def render_incident_html(incident: Incident, signals: list[Signal] | None, *, ti
     Without signals, the timeline shows the initiator and the evidence lines only. `evidence_where`: per
     evidence line, where it is (`file:line`), shown beside it; `others`: the other incidents of the logs.
     """
-    events, offsets = incident_events(incident, signals)
+    story = incident_events(incident, signals)
+    events, offsets = story.events, story.offsets
     legend = _legend(events)
-    svg = _swimlanes(incident, events, offsets)
+    notes = []
+    if story.line_order:
+        notes.append("The times of these lines could not be read: they are laid out in the order they were "
+                     "logged, not on a time axis.")
+    clock_note = None if story.line_order else story.clock_note()
+    if clock_note:
+        notes.append(clock_note)
+    svg = _swimlanes(incident, story)
     ini = incident.initiator
     initiator_rows = [
         ("rank", ini.rank),
@@ -290,6 +309,7 @@ def render_incident_html(incident: Incident, signals: list[Signal] | None, *, ti
         incident=incident,
         page_title=title or f"rootrank: {incident.title}",
         legend=legend,
+        notes=notes,
         svg=svg,
         initiator_rows=[(k, v) for k, v in initiator_rows if v is not None],
         collateral=[(c.class_, _ranges(c.ranks) or "-", len(c.hosts), c.count) for c in incident.collateral],
@@ -297,6 +317,16 @@ def render_incident_html(incident: Incident, signals: list[Signal] | None, *, ti
         evidence_more=evidence[EVIDENCE_SHOWN:],
         clock_skew=[(h, _fmt_rel(o)) for h, o in sorted(offsets.items())],
         others=[(o.label, o.incident, _who(o.incident), o.href) for o in others],
+    )
+
+
+def render_no_incident_html(verdict: str, *, job_id: str | None = None, details: Sequence[str] = (),
+                            rule_set_version: str | None = None) -> str:
+    """The page for logs that hold no incident: it says so (`verdict`, e.g. "no failure signature in these
+    logs"), rather than no page at all."""
+    return _TEMPLATES.get_template("no_incident.html.j2").render(
+        page_title="rootrank: no incident", verdict=verdict, job_id=job_id, details=list(details),
+        rule_set_version=rule_set_version,
     )
 
 

@@ -1,12 +1,16 @@
 """The incident's timeline, laid out: which events go on which lane, where on a time axis with breaks.
 
 Events are placed on skew-corrected time; lines without a rank take the rank their (host, pid) announced
-in its NCCL init line. Long quiet stretches (the NCCL watchdog's 10 minutes) are cut out of the axis and
-shown as a break, so the failure and its consequences are both readable. No markup here: `html` draws it.
+in its NCCL init line, and lines without a host the host other lines name for their rank (an NCCL init
+line, any line with both) or for their file (when the file's lines name one host only). Long quiet
+stretches (the NCCL watchdog's 10 minutes) are cut out of the axis and shown as a break, so the failure
+and its consequences are both readable. Logs whose times could not be read are laid out in line order,
+not piled on one instant. No markup here: `html` draws it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -18,6 +22,7 @@ from correlator.diagnosis.models import Incident, Signal
 
 BREAK_W = 26
 MIN_CLUSTER_W = 150
+NOTED_SKEW_S = 0.05  # a host clock off by this much or more is noted on the picture
 
 Lane = tuple[str, int | None]  # (host or "", rank or None for the host's kernel and launcher lines)
 
@@ -31,6 +36,37 @@ class TimelineEvent:
     line: str
     role: str  # initiator | cause | collateral
     count: int = 1
+    logged: float | None = None  # the time as logged (before the skew correction)
+
+
+@dataclass
+class Story:
+    """What the picture draws: its events, the host clock offsets, and how it was laid out."""
+
+    events: list[TimelineEvent]
+    offsets: dict[str, float]
+    line_order: bool = False  # no usable times: events in line order, the axis counts lines
+    reordered: bool = False  # the skew correction put some events in another order than their logged times
+
+    def clock_note(self) -> str | None:
+        """The hosts whose clocks the picture corrected noticeably, largest first: "node04's clock ran 0.8 s
+        ahead; shown corrected." None when no host's was."""
+        hosts = {e.lane[0] for e in self.events}
+        off = sorted(((h, o) for h, o in self.offsets.items() if h in hosts and abs(o) >= NOTED_SKEW_S),
+                     key=lambda ho: (-abs(ho[1]), ho[0]))
+        if not off:
+            return None
+        clauses = [f"{h}'s clock ran {_seconds(abs(o))} {'ahead' if o > 0 else 'behind'}" for h, o in off[:5]]
+        if len(off) > 5:
+            clauses.append(f"{len(off) - 5} more hosts' clocks were off too")
+        note = "; ".join(clauses) + "; shown corrected."
+        if self.reordered:
+            note += " Corrected, some lines are drawn in another order than their logged times."
+        return note
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value >= 0.1 else f"{value:.2f} s"
 
 
 def parse_iso(value: str | None) -> float | None:
@@ -59,6 +95,26 @@ def _fill_ranks(signals: Sequence[Signal]) -> list[Signal]:
     return [s.model_copy(update={"rank": mapping[(s.host, s.pid)]})
             if s.rank is None and s.host and s.pid is not None and (s.host, s.pid) in mapping else s
             for s in signals]
+
+
+def _known_hosts(signals: Sequence[Signal]) -> tuple[dict[int, str], dict[str, str]]:
+    """The host of each rank, and of each file, as other lines tell them: an NCCL init line's host for its
+    communicator rank, any line naming both a rank and a host; a file whose lines name one host only."""
+    by_rank: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    by_file: dict[str, set[str]] = defaultdict(set)
+    for s in signals:
+        if not s.host:
+            continue
+        if s.file:
+            by_file[s.file].add(s.host)
+        rank = s.rank
+        if rank is None and s.kind == "fact" and "comm_rank" in s.fields:
+            rank = int(s.fields["comm_rank"])
+        if rank is not None:
+            by_rank[rank][s.host] += 1
+    ranks = {r: max(hosts, key=lambda h: (hosts[h], h)) for r, hosts in by_rank.items()}
+    files = {f: next(iter(hosts)) for f, hosts in by_file.items() if len(hosts) == 1}
+    return ranks, files
 
 
 def _corrected_times(signals: Sequence[Signal], offsets: dict[str, float]) -> dict[int, float | None]:
@@ -152,23 +208,31 @@ class Axis:
 # --- events ----------------------------------------------------------------------------------
 
 
-def incident_events(incident: Incident, signals: Sequence[Signal] | None) -> tuple[list[TimelineEvent], dict[str, float]]:
+def incident_events(incident: Incident, signals: Sequence[Signal] | None) -> Story:
     """The events of the story (the job's matched lines, or the incident's own evidence) and the host offsets."""
     ini = incident.initiator
     events: list[TimelineEvent] = []
     offsets: dict[str, float] = {}
+    line_order = False
     if signals:
         sigs = _fill_ranks(list(signals))
         offsets = estimate_host_offsets(sigs)
+        host_of_rank, host_of_file = _known_hosts(sigs)
+        matches = [s for s in sigs if s.class_ and s.kind == "match"]
         times = _corrected_times(sigs, offsets)
+        # No usable times (none parsed, or all one instant): lay the lines out in their order instead.
+        line_order = len(matches) > 1 and len({times.get(id(s)) for s in matches} - {None}) < 2
+        if line_order:
+            ordered = sorted(matches, key=lambda s: (s.order, s.file or ""))
+            times = {id(s): float(n) for n, s in enumerate(ordered)}
         lo = parse_iso(incident.window_start)
         hi = parse_iso(incident.window_end)
         initiator_found = False
-        for s in sigs:
+        for s in matches:
             t = times.get(id(s))
-            if t is None or not s.class_ or s.kind != "match":
+            if t is None:
                 continue  # facts (init lines, steps, progress) time other lines; they are not events of the story
-            if lo is not None and hi is not None and not (lo - 60 <= t <= hi + 60):
+            if not line_order and lo is not None and hi is not None and not (lo - 60 <= t <= hi + 60):
                 continue
             is_init = (
                 not initiator_found
@@ -176,19 +240,28 @@ def incident_events(incident: Incident, signals: Sequence[Signal] | None) -> tup
                 and same_line(s.line, ini.line)
                 and (ini.rank is None or s.rank is None or s.rank == ini.rank)
             )
-            lane = (s.host or "", s.rank)
+            host = s.host or (host_of_rank.get(s.rank) if s.rank is not None else None) or host_of_file.get(s.file or "")
+            lane = (host or "", s.rank)
             if is_init:
                 initiator_found = True
                 role = "initiator"
                 # Draw it on the initiator's rank lane even when the line itself (a kernel Xid line) had no rank.
-                lane = (ini.host or s.host or "", ini.rank if ini.rank is not None else s.rank)
+                rank = ini.rank if ini.rank is not None else s.rank
+                lane = (ini.host or host or (host_of_rank.get(rank, "") if rank is not None else ""), rank)
             elif s.class_ == incident.class_:
                 role = "cause"
             else:
                 role = "collateral"
-            events.append(TimelineEvent(lane=lane, t=t, cls=s.class_ or "", rule=s.rule_id, line=s.line, role=role))
+            logged = None if line_order else _logged(s)
+            events.append(TimelineEvent(lane=lane, t=t, cls=s.class_ or "", rule=s.rule_id, line=s.line, role=role,
+                                        logged=logged))
         if not initiator_found:
-            events.append(_initiator_event(incident))
+            event = _initiator_event(incident)
+            if line_order:
+                event.t = -1.0  # before the lines: it was not among them
+            elif event.lane[0] == "" and event.lane[1] is not None:
+                event.lane = (host_of_rank.get(event.lane[1], ""), event.lane[1])
+            events.append(event)
     else:
         events.append(_initiator_event(incident))
         for ev in incident.evidence:
@@ -197,7 +270,18 @@ def incident_events(incident: Incident, signals: Sequence[Signal] | None) -> tup
                 continue
             events.append(TimelineEvent((ev.host or "", ev.rank), t, ev.rule, ev.rule, ev.line, "collateral"))
     events = [e for e in events if math.isfinite(e.t)]
-    return events, offsets
+    return Story(events, offsets, line_order=line_order, reordered=_reordered(events))
+
+
+def _logged(signal: Signal) -> float | None:
+    ts = signal.ts or signal.received_ts
+    return ts.timestamp() if ts is not None else None
+
+
+def _reordered(events: Sequence[TimelineEvent]) -> bool:
+    """Did the correction put two events in another order than their logged times?"""
+    timed = sorted((e for e in events if e.logged is not None), key=lambda e: (e.logged or 0.0, e.t))
+    return any(b.t < a.t - 1e-6 for a, b in itertools.pairwise(timed))
 
 
 def _initiator_event(incident: Incident) -> TimelineEvent:

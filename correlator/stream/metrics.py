@@ -92,6 +92,13 @@ BATCH_SCAN_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
 WEBHOOK_DELIVERIES = Counter("rootrank_webhook_deliveries_total", "webhook notifications, by outcome", ["outcome"])
+WEBHOOK_DESTINATIONS = Gauge(
+    "rootrank_webhook_destinations",
+    "webhook destinations this worker has delivered to or queued for, by state: ok, retrying, dead (its retries "
+    "ran out: dead-lettered, its deliveries kept pending and tried again every webhooks.dead_retry_interval_s)",
+    ["state"],
+)
+WEBHOOK_PENDING = Gauge("rootrank_webhook_pending_deliveries", "webhook deliveries waiting in this worker's queues")
 ES_BULK_SECONDS = Histogram(
     "rootrank_es_bulk_seconds", "latency of one Elasticsearch bulk request",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
@@ -141,6 +148,13 @@ def count_incident(incident: Any) -> None:
 
 def count_webhook(delivered: bool) -> None:
     WEBHOOK_DELIVERIES.labels("delivered" if delivered else "dead_lettered").inc()
+
+
+def set_webhook_queues(states: dict[str, int], pending: int) -> None:
+    """The webhook destinations by state (`DestinationQueues.states()`) and their pending deliveries."""
+    for state, count in states.items():
+        WEBHOOK_DESTINATIONS.labels(state).set(count)
+    WEBHOOK_PENDING.set(pending)
 
 
 def observe_es_bulk(seconds: float | None = None, *, failure: str | None = None, rejected: int = 0) -> None:

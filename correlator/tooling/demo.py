@@ -205,7 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="out", help="where the HTML incident picture is written")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for the incident")
     args = parser.parse_args(argv)
-    return run(Path(args.out), args.timeout)
+    code = run(Path(args.out), args.timeout)
+    from correlator.tooling.path_hint import path_hint
+
+    print(f"\n{path_hint(Path(sys.executable).parent, os.environ.get('PATH'), Path.cwd())}", flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
 from ingest.decoders.fields import POD_NAME
 from ingest.decoders.records import RawRecord
+from ingest.decoders.rsyslog import syslog_header
 from ingest.event import MAX_LINE_CHARS, LogEvent
 from ingest.prefixes import Identity, parse_prefixes
 
@@ -71,6 +73,23 @@ def job_id_for(record: RawRecord, *, path_regex: str | None = None) -> str:
     return _job_hint(record, path_regex) or record.host or "unknown"
 
 
+def _identity_of(record: RawRecord) -> Identity:
+    """The line's prefixes; for a shipped line (`host_is_fallback`) also a syslog header of its own (a kernel
+    line of a shipped kern.log: `2026-12-04T21:23:50+00:00 node04 kernel: NVRM: ...`), read as `rootrank
+    diagnose` reads it: the header's host and time where the message's own prefixes name none."""
+    year = record.ts.year if record.ts is not None else None
+    if record.host_is_fallback:
+        header = syslog_header(record.text, year)
+        if header is not None:
+            message, header_ts, header_host = header
+            ident = parse_prefixes(message, year=year)
+            return dataclasses.replace(
+                ident, host=ident.host or header_host, ts=ident.ts or header_ts,
+                ts_has_date=ident.ts_has_date if ident.ts else header_ts is not None,
+            )
+    return parse_prefixes(record.text, year=year)
+
+
 def to_event(
     record: RawRecord,
     *,
@@ -83,16 +102,23 @@ def to_event(
 
     Identity from the line's prefixes fills what the record lacks (the record's explicit fields
     win); when the two name different hosts, the prefix's goes to `labels["origin_host"]`.
+    Except for a record whose host is a fallback (`host_is_fallback`: `rootrank ship`'s host, explicit
+    or its machine's name, where a file was read): there the host the line names itself (a syslog or
+    kernel line's hostname, pdsh's `host: `, NCCL's `host:pid:tid`, MPI's tag) wins, because it says
+    where the line was written, as `rootrank diagnose` reads it (a line's host before its path's).
     The time is the line's own when it has one, else the record's. Job: explicit, then labels /
     pod name / Slurm / `path_regex`, then `default_job`, then the host, then "unknown".
     """
     if identity is None:
-        identity = parse_prefixes(record.text, year=record.ts.year if record.ts is not None else None)
+        identity = _identity_of(record)
     job = _job_hint(record, path_regex) or default_job or record.host or "unknown"
     labels = dict(record.labels)
-    host = record.host or identity.host
-    if identity.host and record.host and identity.host != record.host:
-        labels["origin_host"] = identity.host
+    if record.host_is_fallback:
+        host = identity.host or record.host
+    else:
+        host = record.host or identity.host
+        if identity.host and record.host and identity.host != record.host:
+            labels["origin_host"] = identity.host
     line = identity.text
     truncated = labels.get("truncated") == "1"
     if len(line) > MAX_LINE_CHARS:

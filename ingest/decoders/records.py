@@ -25,6 +25,9 @@ class RawRecord:
 
     `labels` carries Kubernetes pod labels as they are, plus rootrank's own keys: `k8s.pod`,
     `k8s.namespace`, `k8s.container`, `k8s.node`, `pod_index`, `syslog_tag`, `truncated`.
+
+    `host_is_fallback`: `host` names only the lines that do not name their own (a shipper's host, read
+    on one machine for many): a host the line's own prefix names wins (`to_event`).
     """
 
     text: str
@@ -41,6 +44,7 @@ class RawRecord:
     received_ts: datetime | None = None
     labels: dict[str, str] = field(default_factory=dict)
     offset: int | None = None
+    host_is_fallback: bool = False
 
 
 def truncate(line: str, max_line_bytes: int) -> tuple[str, bool]:
@@ -88,6 +92,7 @@ def records_from_lines(lines: list[str], template: RawRecord, max_line_bytes: in
                 received_ts=template.received_ts,
                 labels=labels,
                 offset=template.offset,
+                host_is_fallback=template.host_is_fallback,
             )
         )
     return out

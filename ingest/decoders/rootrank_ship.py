@@ -48,6 +48,9 @@ def _ship_record(batch: ShipBatch, position: int, ts: float | None, stream: str 
         received_ts=received_ts,
         labels=dict(batch.labels),
         offset=batch.offset + position if batch.offset is not None else None,
+        # The shipper's host (its --host, --host-from, or its machine's name) is where the file was read,
+        # not always where each line was written: a line's own host prefix wins (ingest/decoders/events.py).
+        host_is_fallback=True,
     )
 
 

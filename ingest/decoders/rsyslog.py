@@ -25,10 +25,25 @@ _RFC5424 = re.compile(
 )
 
 
+# A logger's level where a syslog header has its HOSTNAME: `2024-05-01T12:00:00Z WARNING torch.run: ...` is an
+# application's log line with an ISO time, not a syslog line from a host named WARNING.
+_LEVEL_WORDS = frozenset({"TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "WARNING", "ERROR", "ERR", "CRITICAL", "CRIT",
+                          "FATAL", "ALERT", "EMERG", "EMERGENCY"})
+
+
 def _syslog_line(
     line: str, year_hint: int | None
 ) -> tuple[str, datetime | None, str | None, str | None, int | None] | None:
     """(message, ts, host, tag, pid) when `line` is a syslog line in one of rsyslog's formats."""
+    parsed = _syslog_fields(line, year_hint)
+    if parsed is not None and parsed[2] is not None and parsed[2].upper() in _LEVEL_WORDS:
+        return None
+    return parsed
+
+
+def _syslog_fields(
+    line: str, year_hint: int | None
+) -> tuple[str, datetime | None, str | None, str | None, int | None] | None:
     c = line[:1]
     if c == "<":
         m = _RFC5424.match(line)
@@ -52,6 +67,15 @@ def _syslog_line(
             ts = tsu.build(tsu.guess_year(month, day, year_hint), month, day, int(m[3]), int(m[4]), int(m[5]))
             return line[m.end() :], ts, m[6], m[7], int_field(m[8])
     return None
+
+
+def syslog_header(line: str, year_hint: int | None = None) -> tuple[str, datetime | None, str | None] | None:
+    """(message, ts, host) when `line` starts with a timestamped or <PRI> syslog header (RSYSLOG_FileFormat,
+    RFC 5424; the traditional `May  1 12:00:00 host tag:` is a prefix `ingest.prefixes` reads)."""
+    if not (line[:1].isdigit() or line[:1] == "<"):
+        return None
+    parsed = _syslog_line(line, year_hint)
+    return None if parsed is None else parsed[:3]
 
 
 def decode_syslog_lines(

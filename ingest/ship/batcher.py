@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ingest.ship.chunks import Chunk, Source
-from ingest.ship.options import ShipOptions, ShipStats
+from ingest.ship.options import ShipOptions, ShipStats, host_from_path
 from ingest.ship.positions import BacklogFile, Positions
 from ingest.ship.sender import Message, Sender
 from ingest.ship.wire_format import MAX_BATCH_BYTES, encode_batch, encode_batches
@@ -60,6 +60,7 @@ class Batcher:
         self._seq = 0
         self._open_sources = set(sources)
         self._host = options.host or socket.gethostname()
+        self._hosts: dict[int, str] = {}  # per source, with --host-from dir|stem
         self._in_run = False  # adding an evidence-only run: its lines go in as they are
 
     def run(self, stop: threading.Event) -> None:
@@ -203,22 +204,30 @@ class Batcher:
         track.remaining -= credit
         return credit
 
+    def _host_of(self, source: Source) -> str:
+        host = self._hosts.get(source.id)
+        if host is None:
+            derived = host_from_path(source.name, self.options.host_from) if source.file and not self.options.host else None
+            host = self._hosts[source.id] = derived or self._host
+        return host
+
     def _flush(self, source_id: int) -> None:
         batch = self._batches.pop(source_id, None)
         if batch is None or not batch.lines:
             return
         source = self.sources[source_id]
         o = self.options
+        host = self._host_of(source)
         values = [encode_batch(
-            batch.lines, job_id=o.job_id, host=self._host, rank=o.rank, local_rank=o.local_rank,
+            batch.lines, job_id=o.job_id, host=host, rank=o.rank, local_rank=o.local_rank,
             pid=source.pid, attempt=o.attempt, file=source.file, labels=o.labels, offset=batch.first_line,
         )]
         if len(values[0]) > MAX_BATCH_BYTES:  # a few very long lines: split to stay under the limit
             values = encode_batches(
-                batch.lines, job_id=o.job_id, host=self._host, rank=o.rank, local_rank=o.local_rank,
+                batch.lines, job_id=o.job_id, host=host, rank=o.rank, local_rank=o.local_rank,
                 pid=source.pid, attempt=o.attempt, file=source.file, labels=o.labels, offset=batch.first_line,
             )
-        key = f"{o.job_id or ''}|{self._host}|{source.name}".encode()
+        key = f"{o.job_id or ''}|{host}|{source.name}".encode()
         now_ms = int(time.time() * 1000)
         backlog_bytes = self._backlog_credit(source_id, batch.position) if batch.position and self._backlog else 0
         for index, value in enumerate(values):

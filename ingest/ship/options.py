@@ -4,8 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
+
+# --host-from: where a file's lines get their host when they do not name one themselves.
+HOST_FROM = ("dir", "stem", "prefix")
+_LOG_SUFFIXES = (".gz", ".log", ".out", ".err", ".txt")
+
+
+def host_from_path(path: str, rule: str | None) -> str | None:
+    """The host `rule` reads from a file's path: `dir`, its folder's name (`logs/node04/rank-37.log` ->
+    node04); `stem`, its name without log suffixes (`logs/node04.log`, `node04.err.gz` -> node04);
+    `prefix` or None: no host from the path (each line's own prefix, else the machine's name)."""
+    pure = PurePath(path)
+    if rule == "dir":
+        return pure.parent.name or None
+    if rule == "stem":
+        name = pure.name
+        stripped = True
+        while stripped:
+            stripped = False
+            for suffix in _LOG_SUFFIXES:
+                if name.lower().endswith(suffix) and len(name) > len(suffix):
+                    name, stripped = name[: -len(suffix)], True
+        return name or None
+    return None
 
 
 @dataclass
@@ -14,6 +37,9 @@ class ShipOptions:
     topic: str = "rootrank.logs"
     job_id: str | None = None
     host: str | None = None  # default: this machine's name
+    # dir | stem: each file's host from its path (host_from_path); prefix (the default): the lines' own.
+    # Whatever the shipper says, a host the line names itself wins (ingest/decoders/events.py).
+    host_from: str | None = None
     rank: int | None = None
     local_rank: int | None = None
     attempt: int | None = None  # default: TORCHELASTIC_RESTART_COUNT when set

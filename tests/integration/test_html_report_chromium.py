@@ -220,3 +220,116 @@ def test_huge_world_keeps_one_lane_per_host_plus_the_initiator() -> None:
     assert len(lanes) == hosts + 1  # a shared lane per host, and the initiator's own
     assert re.search(r'<g class="lane initiator-lane" data-host="h187" data-rank="1500" id="initiator-lane"', page)
     assert page.count('data-role="initiator"') == 1
+
+
+# Runs in the page after load: the side panel's lines, the notes over the picture, the hosts' labels.
+PANEL_PROBE = """
+(() => {
+  const aside = document.querySelector('aside').getBoundingClientRect();
+  const items = [...document.querySelectorAll('aside ol.fix li, aside ol.verify li')].map(li => {
+    const r = li.getBoundingClientRect();
+    return {left: r.left, right: r.right, scroll: li.scrollWidth, client: li.clientWidth};
+  });
+  const notes = [...document.querySelectorAll('.picture-note')].map(n => {
+    const r = n.getBoundingClientRect();
+    return {text: n.textContent, shown: r.width > 0 && r.height > 0};
+  });
+  const svg = document.getElementById('swimlanes');
+  const lane = document.getElementById('initiator-lane');
+  return JSON.stringify({
+    aside: [aside.left, aside.right], items, notes,
+    hosts: [...document.querySelectorAll('text.host-label')].map(t => t.textContent),
+    initiatorLane: lane ? [lane.getAttribute('data-host'), lane.getAttribute('data-rank')] : null,
+    pageWidth: document.documentElement.scrollWidth, viewport: window.innerWidth,
+    svgBottom: svg ? svg.getBoundingClientRect().bottom : 0,
+  });
+})()
+"""
+
+
+@needs_chromium
+def test_a_long_fix_line_wraps_inside_its_panel(browser: Browser, tmp_path: Path) -> None:
+    """A fix step with a long unbroken command stays inside the side panel (switched off, the CSS's
+    overflow-wrap: the line runs out of the panel and the page scrolls sideways)."""
+    incident, signals = _incident_64()
+    command = "nvidia-smi --query-gpu=" + ",".join(["clocks_throttle_reasons.hw_thermal_slowdown"] * 12)
+    incident = incident.model_copy(update={"fix": ["Drain the node.", command], "verify": [command]})
+    url = _write(tmp_path, "long-fix.html", render_incident_html(incident, signals))
+
+    result = browser.render(url, PANEL_PROBE)
+
+    assert result["problems"] == []
+    left, right = result["aside"]
+    assert len(result["items"]) == 3
+    for item in result["items"]:
+        assert left - 1 <= item["left"] and item["right"] <= right + 1, (item, result["aside"])
+        assert item["scroll"] <= item["client"] + 1, item
+    assert result["pageWidth"] <= result["viewport"] + 1
+
+
+def _picture_of(tmp_path: Path, name: str, files: list[Path]) -> tuple[str, Incident]:
+    from correlator.offline.diagnose import Diagnoser
+
+    incidents, signals = Diagnoser().diagnose([str(f) for f in files])
+    assert incidents, f"{name}: no incident"
+    return _write(tmp_path, f"{name}.html", render_incident_html(incidents[0], signals)), incidents[0]
+
+
+def _keep_screenshot(result: dict[str, Any], name: str) -> None:
+    out = REPO / "docs" / "img" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(result["png"])
+    assert out.stat().st_size > 10_000
+
+
+@needs_chromium
+def test_an_oom_job_whose_files_do_not_name_their_hosts(browser: Browser, tmp_path: Path) -> None:
+    """A 16-rank OOM on 2 hosts, each host's log copied to a file whose name says nothing (a.log, b.log): the
+    ranks' OOM and watchdog lines name no host, their NCCL lines do. No rank under "unknown host".
+
+    With ROOTRANK_WRITE_SCREENSHOT=1 the picture is written to docs/img/incident-oom.png."""
+    from correlator.tooling.simulate import logs_dir, simulate
+
+    truth = simulate("cuda_oom", world_size=16, hosts=2, seed=3, out=tmp_path / "sim",
+                     start=datetime(2026, 12, 4, 21, 0, tzinfo=UTC))
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    files = []
+    for name, host_log in zip("ab", sorted(logs_dir(tmp_path / "sim", truth).glob("*/train.log")), strict=False):
+        files.append(flat / f"{name}.log")
+        files[-1].write_bytes(host_log.read_bytes())
+    url, incident = _picture_of(tmp_path, "oom", files)
+    write_png = os.environ.get("ROOTRANK_WRITE_SCREENSHOT", "") not in ("", "0")
+
+    result = browser.render(url, PANEL_PROBE, screenshot=write_png)
+
+    assert result["problems"] == []
+    assert incident.class_ == "cuda_oom" and incident.initiator.rank == truth.initiator.rank
+    assert not any("unknown host" in label for label in result["hosts"]), result["hosts"]
+    assert result["initiatorLane"] == [truth.initiator.host, str(truth.initiator.rank)]
+    if write_png:
+        _keep_screenshot(result, "incident-oom.png")
+
+
+@needs_chromium
+def test_a_skewed_job_says_whose_clock_was_corrected(browser: Browser, tmp_path: Path) -> None:
+    """Hosts' clocks up to 4 s apart: the picture is drawn on corrected time and says so over the picture.
+
+    With ROOTRANK_WRITE_SCREENSHOT=1 the picture is written to docs/img/incident-skew.png."""
+    from correlator.tooling.simulate import logs_dir, simulate
+
+    truth = simulate("gpu_hardware_error", world_size=16, hosts=4, seed=1, skew_max_s=4.0, out=tmp_path / "sim",
+                     start=datetime(2026, 12, 4, 21, 0, tzinfo=UTC))
+    url, incident = _picture_of(tmp_path, "skew", [logs_dir(tmp_path / "sim", truth)])
+    write_png = os.environ.get("ROOTRANK_WRITE_SCREENSHOT", "") not in ("", "0")
+
+    result = browser.render(url, PANEL_PROBE, screenshot=write_png)
+
+    assert result["problems"] == []
+    assert incident.initiator.rank == truth.initiator.rank
+    [note] = result["notes"]
+    assert note["shown"] and "shown corrected" in note["text"]
+    skewed = max(truth.skew_s, key=lambda h: abs(truth.skew_s[h]))
+    assert f"{skewed}'s clock ran" in note["text"], (note, truth.skew_s)
+    if write_png:
+        _keep_screenshot(result, "incident-skew.png")

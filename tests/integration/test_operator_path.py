@@ -4,8 +4,9 @@
     rootrank up &
     rootrank webhooks add --job demo URL --generate-secret
     rootrank simulate --demo --out sim
-    rootrank ship --job demo --file 'sim/*/*/*.log'
-    rootrank incidents --job demo            -> the incident; the receiver got one signed notification
+    rootrank ship --job demo --host-from dir --file 'sim/*/*/*.log'   (read from the README, as written)
+    rootrank incidents --job demo            -> the incident names the simulated host (node04), not this
+                                                machine; the receiver got one signed notification
     rootrank show ID                         -> the same renderer as diagnose
     rootrank up                              -> "already running", exit 1
 
@@ -25,8 +26,21 @@ import pytest
 
 from tests.fixtures.http_receiver import HttpReceiver
 from tests.integration.operator_support import ROOT, new_user_shell
+from tests.integration.test_docs import shell_blocks
 
 pytestmark = pytest.mark.timeout(420)
+
+
+def readme_ship_command() -> str:
+    """The operator quick start's `rootrank ship` line, as the README writes it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Quick start: cluster operator"):]
+    for block in shell_blocks(ROOT / "README.md"):
+        if block.run and block.text in section:
+            for line in block.text.splitlines():
+                if line.startswith("rootrank ship "):
+                    return line.split("   #")[0].strip()
+    raise AssertionError("the README's operator quick start has no rootrank ship line")
 
 
 def _noida_available() -> bool:
@@ -56,8 +70,12 @@ def test_operator_quick_start_as_written(tmp_path: Path, http_receiver: HttpRece
         listed = sh.run("rootrank webhooks list --job demo", check=True).stdout
         assert "signed" in listed
 
+        assert "bin/activate" in demo.stdout and "pipx install ." in demo.stdout  # how to get rootrank on PATH
         sh.run("rootrank simulate --demo --out sim", check=True)
-        shipped = sh.run("rootrank ship --job demo --file 'sim/*/*/*.log'", check=True)
+        truth = json.loads((sh.cwd / "sim" / "truth.json").read_text())
+        ship = readme_ship_command()
+        assert ship.startswith("rootrank ship --job demo "), ship
+        shipped = sh.run(ship, check=True)
         assert "2286 lines" in shipped.stderr or "lines in" in shipped.stderr, shipped.stderr
 
         incident = None
@@ -73,6 +91,8 @@ def test_operator_quick_start_as_written(tmp_path: Path, http_receiver: HttpRece
         assert incident is not None, f"no incident in the search store:\n{sh.up_log()}"
         assert incident["class"] == "gpu_hardware_error"
         assert incident["initiator"]["rank"] == 37
+        # The simulated host, not the machine the files were shipped from.
+        assert incident["initiator"]["host"] == "node04" == truth["initiator"]["host"], incident["initiator"]
 
         table = sh.run("rootrank incidents --job demo", check=True).stdout
         assert incident["incident_id"] in table
@@ -86,6 +106,7 @@ def test_operator_quick_start_as_written(tmp_path: Path, http_receiver: HttpRece
 
         shown = sh.run(f"rootrank show {incident['incident_id'][:10]}", check=True).stdout
         assert "Xid 79" in shown and "rank 37" in shown and "63 other ranks" in shown
+        assert "host node04" in shown
         html = sh.run(f"rootrank show {incident['incident_id']} --format html", check=True).stdout
         assert html.lstrip().startswith("<!DOCTYPE html>")
 

@@ -65,6 +65,12 @@ def test_three_jobs_make_a_repeat_offender_one_job_does_not(elasticsearch_url: s
     assert [json.loads(line)["host"] for line in capsys.readouterr().out.splitlines()] == ["node-oom"]
     assert main(["hosts", "--es-url", elasticsearch_url, "--since", "1h", "--json"]) == 0  # the incidents are older
     assert capsys.readouterr().out == ""
+    # As text, no repeat offender is said, not left blank (switched off: empty output).
+    assert main(["hosts", "--es-url", elasticsearch_url, "--since", "1h", "--min", "2"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("no host failed in 2 or more jobs since ") and said.rstrip().endswith("UTC (1h ago)"), said
+    assert main(["hosts", *url, "--min", "4"]) == 0
+    assert capsys.readouterr().out == "no host failed in 4 or more jobs (all incidents searched)\n"
 
     # Drain webhook: the crossing is announced once, not on every run.
     state = tmp_path / "notified.json"

@@ -307,9 +307,11 @@ def test_configured_routes_retry_500s_and_dead_letter_final_failures(
 def test_a_second_worker_joins_mid_retry_uses_the_registration_and_nothing_is_sent_twice(
     tansu_broker: str, http_receiver: HttpReceiver, sink_worker: Any, tmp_path: Path
 ) -> None:
-    """Receiver down, 6 incidents on 2 partitions, the first worker retrying one of them; a second
-    worker joins (rebalance: one partition moves). Once the receiver is back every incident is
-    delivered exactly once: none stranded in the buffers the rebalance clears, none sent twice."""
+    """Receiver down, 6 incidents on 2 partitions, the first worker retrying one of them (all 6 queued
+    with their pending deliveries in the table); a second worker joins (rebalance: one partition moves,
+    and its pending deliveries with it). Once the receiver is back every incident is delivered exactly
+    once: none stranded in the buffers the rebalance clears or left behind with the partition, none sent
+    twice."""
     first = sink_worker(
         {"delivery": {"initial_backoff_s": 0.5, "max_backoff_s": 2, "budget_s": 180, "max_attempts": 500, "timeout_s": 2}}
     )
@@ -330,10 +332,53 @@ def test_a_second_worker_joins_mid_retry_uses_the_registration_and_nothing_is_se
         # Exactly once: 6 deliveries, each id once, and no other request while the receiver was up.
         assert sorted(r.webhook_id or "" for r in http_receiver.delivered()) == expected
         assert sorted(r.webhook_id or "" for r in http_receiver.requests) == expected
-        handled = [w.log_text().count("notification(s)") for w in (first, second)]
+        # The first worker queued all six at once (no incident waits behind another's retries); the moved
+        # partition's pending deliveries went with the partition, and its new owner delivered them.
+        queued = [w.log_text().count("notification(s) queued") for w in (first, second)]
+        delivered = [w.log_text().count(" delivered to ") for w in (first, second)]
         abandoned = first.log_text().count("moved to another worker")
-        print(f"\ntwo workers, rebalance mid-retry: incidents notified {handled[0]} + {handled[1]}, "
-              f"{abandoned} in-flight delivery handed over; all 6 delivered once")
-        assert all(handled), "both workers should own a partition of the incidents topic"
+        print(f"\ntwo workers, rebalance mid-retry: incidents queued {queued[0]} + {queued[1]}, delivered "
+              f"{delivered[0]} + {delivered[1]}, {abandoned} in-flight delivery handed over; all 6 delivered once")
+        assert queued[0] == 6
+        assert all(delivered), "both workers should own a partition of the incidents topic and deliver its share"
     finally:
         second.stop()
+
+
+def test_a_destination_that_gave_up_keeps_its_deliveries_across_a_restart(
+    tansu_broker: str, http_receiver: HttpReceiver, sink_worker: Any
+) -> None:
+    """Job A's receiver refuses connections until its retries run out: the delivery is dead-lettered as
+    kept and stays pending (the webhook-pending table). The worker restarts meanwhile; once A's receiver is
+    back, A is notified once. Job B, on a live receiver, was notified at once and is not notified again."""
+    dead = HttpReceiver(port=free_port())
+    worker = sink_worker({
+        "delivery": {"initial_backoff_s": 0.2, "max_backoff_s": 0.5, "budget_s": 3, "timeout_s": 2},
+        "dead_retry_interval_s": 1,
+    })
+    worker.start()
+    assert worker.api("PUT", "job-a", {"url": dead.url("/a")})[0] == 201
+    assert worker.api("PUT", "job-b", {"url": http_receiver.url("/b")})[0] == 201
+    publish(tansu_broker, make_incident("job-a", incident_id="a-1"), make_incident("job-b", incident_id="b-1"))
+    http_receiver.wait_for(1, delivered=True, path="/b", timeout=60)
+    [record] = read_topic(tansu_broker, DEADLETTER, expect=1, timeout=60)
+    letter = json.loads(record.value)
+    assert letter["delivery_id"] == "a-1:1" and letter["kept"] is True and "kept pending" in letter["reason"]
+    deadline = time.monotonic() + 30
+    while (delivery := worker.api("GET", "job-a")[1]["webhooks"][0]["delivery"] or {}).get("state") != "dead":
+        assert time.monotonic() < deadline, delivery
+        time.sleep(0.3)
+    assert delivery["pending"] == 1 and "connect failed" in delivery["last_error"] and delivery["next_retry_at"]
+
+    worker.stop()
+    worker.start()
+    dead.come_up()
+    try:
+        [notified] = dead.wait_for(1, delivered=True, path="/a", timeout=60)
+        time.sleep(3)  # a duplicate would have arrived by now
+        assert [r.webhook_id for r in dead.requests] == ["a-1:1"]
+    finally:
+        dead.stop()
+    assert ids_at(http_receiver, "/b") == ["b-1:1"]
+    assert "pending deliveries queued again" in worker.log_text()
+    print(f"\ngave up, restarted, receiver back: notified once ({notified.webhook_id})")

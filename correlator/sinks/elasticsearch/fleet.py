@@ -46,6 +46,15 @@ def format_offenders(offenders: Sequence[Offender]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows)
 
 
+def no_offenders(min_jobs: int, since: datetime | None, since_text: str | None = None) -> str:
+    """What `rootrank hosts` says when no host crossed the threshold (rather than nothing at all)."""
+    if since is None:
+        return f"no host failed in {min_jobs} or more jobs (all incidents searched)"
+    when = since.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    ago = f" ({since_text} ago)" if since_text and since_text[:1].isdigit() and since_text[-1:].isalpha() else ""
+    return f"no host failed in {min_jobs} or more jobs since {when}{ago}"
+
+
 def offender_dict(o: Offender) -> dict[str, Any]:
     return asdict(o)
 

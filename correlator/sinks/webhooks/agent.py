@@ -1,22 +1,31 @@
 """The webhook sink: rootrank.incidents -> one notification per incident transition per destination.
 
-A thin faust shell around `WebhookDispatcher.handle` (correlator/webhooks/dispatcher.py):
+A thin faust shell around the dispatcher (correlator/sinks/webhooks/dispatcher.py) and the
+per-destination queues (correlator/sinks/webhooks/queues.py):
 
-- the agent reads the incidents topic with manual acks: an incident is acked only after every
-  destination has it delivered or dead-lettered (dead letters awaited until the broker acked
-  them), so faust commits no offset past an incident still being retried. A receiver that is
-  down stalls this sink (Kafka keeps the backlog, not memory); a worker stopped or killed
-  mid-retry re-reads the incident from the last commit and delivers it then; in a rebalance
-  the delivery in flight for a revoked partition is cancelled, unacked, and the partition's
-  owner re-reads it from the last commit (with no record lost to faust's buffer clearing:
-  see `correlator.stream.compat.hold_fetched_records_across_rebalance_completion`);
+- the agent reads the incidents topic with manual acks. For each incident it records, for every
+  destination that still has to get this transition, a pending delivery in the table
+  `webhook-pending` (changelog-backed, partitioned like the incidents topic: the delivery lives in
+  the incident's own partition), queues it on that destination, and acks: faust flushes the
+  table's changelog before it commits the offset, so a committed incident always has its
+  pending deliveries stored. Nothing waits on a receiver here: a dead receiver delays only its
+  own queue (its retries, then every `dead_retry_interval_s`), never another destination's;
+- each destination delivers its queue in order, one at a time, with the delivery policy's
+  retries; when they run out the delivery is written to the webhooks dead-letter topic (`kept`)
+  and stays pending (`rootrank webhooks list` shows the state, last error and next retry; the
+  metric `rootrank_webhook_destinations{state="dead"}` counts such destinations);
+- a worker stopped or killed re-reads what it did not commit and re-queues what the table holds
+  once it is recovered; in a rebalance the deliveries of a revoked partition are dropped (the one
+  in flight cancelled) and its new owner queues them from its copy of the table (with no record
+  lost to faust's buffer clearing: see
+  `correlator.stream.compat.hold_fetched_records_across_rebalance_completion`);
 - per-incident progress (which destination has which transition) lives in the table
   `webhook-progress` (changelog-backed, partitioned like the incidents topic), so a replay
   after a restart notifies nobody twice;
 - per-job registrations live in the global table `webhook-registrations` (every worker reads
   all of it; written from the HTTP API), so they survive restarts;
 - the HTTP API `GET/PUT/DELETE /jobs/{job_id}/webhooks` runs on faust's web server
-  (logic in correlator/webhooks/api.py: bearer token for writes, inputs validated).
+  (logic in correlator/sinks/webhooks/api.py: bearer token for writes, inputs validated).
 
 Run alone: `python -m correlator.sinks.webhooks.agent [--web-port N]` (config: ROOTRANK_CONFIG
 and ROOTRANK_* variables), or install it into another app with `install_webhook_sink`.
@@ -42,7 +51,9 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from correlator.config import RetryPolicy
 from correlator.diagnosis.models import Incident
 from correlator.sinks.webhooks.api import MAX_BODY_BYTES, RegistrationAPI
+from correlator.sinks.webhooks.delivery import DeliveryResult
 from correlator.sinks.webhooks.dispatcher import WebhookDispatcher
+from correlator.sinks.webhooks.queues import DestinationQueues
 from correlator.sinks.webhooks.receivers import safe_errors
 from correlator.sinks.webhooks.registry import EchoSafeStore, Registry
 from correlator.stream import metrics
@@ -62,6 +73,7 @@ log = logging.getLogger("rootrank.webhooks.sink")
 WEBHOOKS_ROLE = "webhooks"
 REGISTRATIONS_TABLE = "webhook-registrations"
 PROGRESS_TABLE = "webhook-progress"
+PENDING_TABLE = "webhook-pending"
 AGENT_NAME = "webhooks"
 
 NOTIFICATIONS = Counter(
@@ -73,15 +85,45 @@ SKIPPED = Counter("rootrank_webhook_incidents_skipped_total", "incident messages
 DEAD_LETTER_BACKOFF = RetryPolicy(initial_backoff_s=0.5, max_backoff_s=30.0).backoff()
 
 
+class FaustTableStore:
+    """A faust table written with the partition named (`PartitionedStore`): the destination queues write
+    outside the stream, where faust cannot tell the partition from the current event. The value goes to
+    the table's local store and to its changelog partition, as a write inside the stream would."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def get(self, key: str) -> Any:
+        return self.table.data.get(key)
+
+    def put(self, key: str, value: Any, partition: int | None) -> None:
+        self.table.data[key] = value
+        self.table.send_changelog(partition, key, value)
+
+    def delete(self, key: str, partition: int | None) -> None:
+        self.table.data.pop(key, None)
+        self.table.send_changelog(partition, key, None, value_serializer="raw")
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self.table.data.items())
+
+
+def _count(result: DeliveryResult) -> None:
+    NOTIFICATIONS.labels("delivered" if result.delivered else "dead_lettered").inc()
+    metrics.count_webhook(result.delivered)
+
+
 @dataclass
 class WebhookSink:
     """What `install_webhook_sink` built; tests and the app reach the parts through it."""
 
     app: faust.App
     dispatcher: WebhookDispatcher
+    queues: DestinationQueues
     api: RegistrationAPI
     registrations: Any  # faust GlobalTable
     progress: Any  # faust Table
+    pending: Any  # faust Table
     deadletter_topic: Any
     max_replay_age_s: float | None
 
@@ -107,8 +149,9 @@ class WebhookSink:
             before_sleep=log_failure,
         )(send_and_wait_for_ack)
 
-    async def process(self, value: bytes | None, broker_timestamp: float | None) -> None:
-        """One record of the incidents topic, start to end; returns when it may be acked."""
+    async def process(self, value: bytes | None, broker_timestamp: float | None, partition: int = 0) -> None:
+        """One record of the incidents topic: its deliveries recorded and queued; returns when it may be acked
+        (without waiting on any receiver)."""
         if value is None:
             SKIPPED.labels("tombstone").inc()
             return
@@ -128,13 +171,10 @@ class WebhookSink:
             SKIPPED.labels("too_old").inc()
             log.info("incident %s revision %d older than the replay age: not notified", incident.incident_id, incident.revision)
             return
-        results = await self.dispatcher.handle(incident)
-        for result in results:
-            NOTIFICATIONS.labels("delivered" if result.delivered else "dead_lettered").inc()
-            metrics.count_webhook(result.delivered)
+        queued = await self.queues.accept(incident, partition)
         log.info(
-            "incident %s of job %s revision %d (%s): %d notification(s)",
-            incident.incident_id, incident.job_id, incident.revision, incident.status, len(results),
+            "incident %s of job %s revision %d (%s): %d notification(s) queued",
+            incident.incident_id, incident.job_id, incident.revision, incident.status, len(queued),
         )
 
 
@@ -206,67 +246,79 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
         PROGRESS_TABLE,
         default=None,
         key_type=str,
-        # Written while processing an incident: the changelog partition is that incident's partition.
+        # Written with the incident's partition (FaustTableStore): co-partitioned with the incidents topic.
+        partitions=topics.partitions,
+    )
+    pending = app.Table(
+        PENDING_TABLE,
+        default=None,
+        key_type=str,
+        # incident_id -> {p, m, incident, dest: {destination key: {m, since}}}, in the incident's partition.
         partitions=topics.partitions,
     )
     echo_safe = EchoSafeStore(registrations)
     registry = Registry(echo_safe)
-    api = RegistrationAPI(registry, settings.webhooks.api_token)
+    webhook_settings = settings.webhooks
+    dispatcher = WebhookDispatcher.from_settings(webhook_settings, registry=registry, progress=FaustTableStore(progress))
+    queues = DestinationQueues(
+        dispatcher,
+        FaustTableStore(pending),
+        dead_retry_interval_s=webhook_settings.dead_retry_interval_s,
+        max_pending=webhook_settings.max_pending_per_destination,
+        max_age_s=webhook_settings.max_pending_age_s,
+        on_result=_count,
+        on_metrics=metrics.set_webhook_queues,
+    )
+    api = RegistrationAPI(registry, webhook_settings.api_token, status_of=queues.status)
     sink = WebhookSink(
         app=app,
-        dispatcher=WebhookDispatcher.from_settings(settings.webhooks, registry=registry, progress=progress),
+        dispatcher=dispatcher,
+        queues=queues,
         api=api,
         registrations=registrations,
         progress=progress,
+        pending=pending,
         deadletter_topic=deadletter_topic,
-        max_replay_age_s=settings.webhooks.max_replay_age_s,
+        max_replay_age_s=webhook_settings.max_replay_age_s,
     )
-    sink.dispatcher.dead_letter = sink.dead_letter
+    dispatcher.dead_letter = sink.dead_letter
 
     if app.conf.stream_wait_empty:
         log.warning(
-            "stream_wait_empty is on: a stop or rebalance waits for webhook retries to end (up to %.0fs); "
+            "stream_wait_empty is on: a stop or rebalance waits for the stream's buffer; "
             "the webhook sink is idempotent and meant to run with it off",
-            settings.webhooks.delivery.budget_s,
         )
-    in_flight: dict[str, Any] = {}  # "tp" and "task" of the incident being delivered
+
+    def incident_partitions(tps: Any) -> set[int]:
+        return {tp.partition for tp in tps if tp.topic == topics.incidents}
 
     @app.agent(incidents_topic, name=AGENT_NAME)
     async def webhooks(stream: Any) -> None:
         manual = stream.noack()
         try:
             async for event in manual.events():
-                task = asyncio.ensure_future(sink.process(event.value, event.message.timestamp))
-                in_flight.update(tp=event.message.tp, task=task)
+                message = event.message
                 try:
-                    await task
+                    await sink.process(event.value, message.timestamp, message.partition)
                 except asyncio.CancelledError:
-                    current = asyncio.current_task()
-                    if current is not None and current.cancelling():
-                        raise  # stopping: the incident stays unacked and is re-read after the restart
-                    # Its partition was revoked: the new owner re-reads it from the last commit.
-                    log.info("incident delivery stopped: partition %s moved to another worker", event.message.tp)
-                    continue
+                    raise  # stopping: the incident stays unacked and is read again after the restart
                 except Exception:
                     # A bug, not a delivery failure (those are dead-lettered). Stop the worker rather than
                     # skip the incident: it restarts from the last commit, which is before this incident.
                     log.exception("webhook sink failed on an incident; stopping the worker")
                     await app.crash(RuntimeError("webhook sink failed"))
                     raise
-                finally:
-                    in_flight.clear()
                 await manual.ack(event)
         finally:
+            await sink.queues.close()
             await sink.dispatcher.close()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # mode's receiver type (a generic `signal` keyword) cannot be met; faust calls it (sender, ..., signal=...)
     async def abandon_revoked(sender: Any, revoked: Any, *args: Any, **kwargs: Any) -> None:
-        # Retrying for a partition this worker no longer owns would only race its new owner. Wait
-        # (briefly) for the cancellation to land, so no attempt starts after the partition moved.
-        task = in_flight.get("task")
-        if task is not None and in_flight.get("tp") in revoked and not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=5.0)
+        # Delivering for a partition this worker no longer owns would only race its new owner, which
+        # queues the partition's pending deliveries from its copy of the table. Wait (briefly) for the
+        # cancellation to land, so no attempt starts after the partition moved.
+        await sink.queues.drop_partitions(incident_partitions(revoked))
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode's receiver type (a generic `signal` keyword) cannot be met; faust calls it (sender, ..., signal=...)
     async def rewind_never_committed(sender: Any, *args: Any, **kwargs: Any) -> None:
@@ -274,11 +326,13 @@ def install_webhook_sink(app: faust.App, settings: Settings, *, web_app: faust.A
         # role): without that, the moved partition's incidents were wiped from this agent's buffer
         # in a rebalance during a receiver outage, and never delivered.
         await _rewind_partitions_never_committed(app, topics.incidents)
+        # The tables are recovered by now: queue the pending deliveries of the partitions this worker owns.
+        sink.queues.requeue(incident_partitions(app.consumer.assignment()))
 
     @app.timer(interval=3600.0)  # type: ignore[untyped-decorator]  # faust's decorators carry no types
     async def close_idle_http() -> None:
         # Keep-alive connections to receivers that were notified once are not kept for days.
-        if not in_flight:
+        if not sink.queues.delivering:
             await sink.dispatcher.deliverer.close()
 
     host = web_app or app
@@ -342,9 +396,9 @@ def build_webhooks_app(settings: Settings, *, web_port: int | None, **overrides:
     from correlator.stream.topics import group_id
 
     conf = faust_settings(settings, WEBHOOKS_ROLE, web_port=web_port)
-    # Stop and rebalance without waiting for an incident's retries (minutes when a receiver is
-    # down): the unacked incident is re-read after the restart or by the partition's new owner,
-    # and re-delivering it is harmless (same delivery id; progress table).
+    # Stop and rebalance without waiting for the stream's buffer: an unacked incident is re-read after
+    # the restart or by the partition's new owner, and re-queuing it is harmless (pending and progress
+    # tables; the same delivery id).
     conf["stream_wait_empty"] = False
     conf.update(overrides)
     Path(conf["datadir"]).parent.mkdir(parents=True, exist_ok=True)  # faust creates only the last level

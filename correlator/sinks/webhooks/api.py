@@ -1,6 +1,8 @@
 """`/jobs/{job_id}/webhooks`: the HTTP API's logic, independent of the web server that hosts it.
 
-- GET    list the job's webhooks; targets redacted unless the caller presents the API token.
+- GET    list the job's webhooks; targets redacted unless the caller presents the API token; with each,
+         `delivery`: its queue on the worker that answers (state ok/retrying/dead, pending, last error,
+         next retry), or null when that worker has not had to deliver to it.
 - PUT    body = one registration ({"url", "kind", "secret", "routing_key", "min_severity", "classes"});
          adds it, or replaces the one with the same target. 201 created / 200 replaced.
 - DELETE ?id=<registration id> removes one; ?all=true removes all of the job's webhooks.
@@ -14,12 +16,13 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import SecretStr
 
+from correlator.sinks.webhooks.dispatcher import registration_key
 from correlator.sinks.webhooks.registry import (
     MAX_REGISTRATIONS_PER_JOB,
     Registration,
@@ -45,9 +48,13 @@ def _error(status: int, message: str, **headers: str) -> ApiResponse:
     return ApiResponse(status, {"error": message}, dict(headers))
 
 
+StatusFn = Callable[[str], dict[str, Any] | None]
+
+
 class RegistrationAPI:
-    def __init__(self, registry: Registry, api_token: SecretStr | str | None) -> None:
+    def __init__(self, registry: Registry, api_token: SecretStr | str | None, *, status_of: StatusFn | None = None) -> None:
         self.registry = registry
+        self.status_of = status_of  # destination key -> its delivery status (the worker's queues)
         token = api_token.get_secret_value() if isinstance(api_token, SecretStr) else api_token
         self._token = token.encode("utf-8") if token else None
 
@@ -94,7 +101,12 @@ class RegistrationAPI:
 
     def _get(self, job_id: str, headers: Mapping[str, str]) -> ApiResponse:
         show_urls = self._bearer_ok(headers)
-        webhooks = [r.public_view(show_url=show_urls) for r in self.registry.for_job(job_id)]
+        webhooks = []
+        for registration in self.registry.for_job(job_id):
+            view = registration.public_view(show_url=show_urls)
+            if self.status_of is not None:
+                view["delivery"] = self.status_of(registration_key(registration.id))
+            webhooks.append(view)
         return ApiResponse(200, {"job_id": job_id, "webhooks": webhooks})
 
     def _put(self, job_id: str, headers: Mapping[str, str], body: bytes | None) -> ApiResponse:

@@ -85,6 +85,9 @@ class DeliveryResult:
     elapsed_s: float = 0.0
     reason: str | None = None
     dead_lettered: bool = False
+    # The retries ran out on failures that may pass (connection errors, timeouts, 5xx, 429): the
+    # receiver may come back. False for a final answer (another 4xx, a Retry-After beyond the limit).
+    exhausted: bool = False
 
     @property
     def statuses(self) -> list[int | None]:
@@ -101,6 +104,8 @@ def describe_error(exc: BaseException) -> str:
 
 
 SleepFn = Callable[[float], Awaitable[None]]
+# Told about every failed attempt that will be retried: the attempt and the wait before the next one.
+RetryFn = Callable[[Attempt, float], None]
 
 
 def _last_attempt(state: RetryCallState) -> Attempt:
@@ -172,7 +177,7 @@ class Deliverer:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             return Attempt(None, describe_error(exc), time.monotonic() - started)
 
-    def _retrying(self, result: DeliveryResult) -> AsyncRetrying:
+    def _retrying(self, result: DeliveryResult, on_retry: RetryFn | None, single_attempt: bool) -> AsyncRetrying:
         policy = self.policy
         backoff = policy.backoff()
 
@@ -185,11 +190,15 @@ class Deliverer:
         def give_up(state: RetryCallState) -> Attempt:
             """Records why the retries stopped (for the dead letter) and returns the last attempt."""
             attempt, number = _last_attempt(state), state.attempt_number
-            if number >= policy.max_attempts:
-                result.reason = f"{number} attempts failed, last: {_outcome(attempt)}"
-            elif retry_after_too_long(state):
+            result.exhausted = True
+            if retry_after_too_long(state):
+                result.exhausted = False
                 result.reason = (f"Retry-After {attempt.retry_after_s:.0f}s beyond the allowed "
                                  f"{policy.max_retry_after_s:.0f}s")
+            elif single_attempt:
+                result.reason = f"retry failed: {_outcome(attempt)}"
+            elif number >= policy.max_attempts:
+                result.reason = f"{number} attempts failed, last: {_outcome(attempt)}"
             else:
                 result.reason = f"budget {policy.budget_s:.0f}s spent after {number} attempts, last: {_outcome(attempt)}"
             return attempt
@@ -200,18 +209,24 @@ class Deliverer:
                 result.delivery_id, result.destination, result.target, state.attempt_number,
                 _outcome(_last_attempt(state)), state.upcoming_sleep,
             )
+            if on_retry is not None:
+                on_retry(_last_attempt(state), state.upcoming_sleep)
 
+        attempts = 1 if single_attempt else policy.max_attempts
         return AsyncRetrying(
             retry=retry_if_result(lambda attempt: not attempt.ok and attempt.retryable),
             wait=wait,
             # A wait that would end past the budget is not started: the caller dead-letters now.
-            stop=stop_after_attempt(policy.max_attempts) | retry_after_too_long | stop_before_delay(policy.budget_s),
+            stop=stop_after_attempt(attempts) | retry_after_too_long | stop_before_delay(policy.budget_s),
             sleep=self.sleep,
             before_sleep=log_retry,
             retry_error_callback=give_up,
         )
 
-    async def deliver(self, request: OutboundRequest, delivery_id: str, destination: str, target: str) -> DeliveryResult:
+    async def deliver(self, request: OutboundRequest, delivery_id: str, destination: str, target: str, *,
+                      on_retry: RetryFn | None = None, single_attempt: bool = False) -> DeliveryResult:
+        """Attempts until one is accepted, one is final, or the policy's attempts or budget are spent.
+        `single_attempt`: one attempt only (a destination that gave up earlier, tried again)."""
         started = time.monotonic()
         result = DeliveryResult(delivery_id, destination, target, delivered=False)
 
@@ -220,7 +235,7 @@ class Deliverer:
             result.attempts.append(attempt)
             return attempt
 
-        last: Attempt = await self._retrying(result)(attempt_once)
+        last: Attempt = await self._retrying(result, on_retry, single_attempt)(attempt_once)
         result.elapsed_s = time.monotonic() - started
         if last.ok:
             result.delivered = True

@@ -364,6 +364,7 @@ def test_rootrank_batch_round_trip() -> None:
         "attempt": 1,
         "received_ts": RECEIVED,
         "labels": {"team": "llm"},
+        "host_is_fallback": True,  # a line's own host prefix wins over the shipper's (test_host_precedence.py)
     }
     assert decode_value(value, received_ts=RECEIVED) == [
         RawRecord(text="[rank11]: boom", stream="stderr", ts=utc(2024, 6, 1, 10, 0, 0, 500000), **common),  # type: ignore[arg-type]
