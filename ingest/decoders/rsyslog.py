@@ -31,12 +31,17 @@ _LEVEL_WORDS = frozenset({"TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "WARNING",
                           "FATAL", "ALERT", "EMERG", "EMERGENCY"})
 
 
+_IPV6 = re.compile(r"[0-9A-Fa-f:.]+")  # the only HOSTNAME with a colon: an IPv6 address
+
+
 def _syslog_line(
     line: str, year_hint: int | None
 ) -> tuple[str, datetime | None, str | None, str | None, int | None] | None:
     """(message, ts, host, tag, pid) when `line` is a syslog line in one of rsyslog's formats."""
     parsed = _syslog_fields(line, year_hint)
-    if parsed is not None and parsed[2] is not None and parsed[2].upper() in _LEVEL_WORDS:
+    host = parsed[2] if parsed is not None else None
+    if host is not None and (host.upper() in _LEVEL_WORDS or (":" in host and _IPV6.fullmatch(host) is None)):
+        # a level word, or python logging's `ERROR:logger.name:msg` after an ISO time: an application's line
         return None
     return parsed
 
