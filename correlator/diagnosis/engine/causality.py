@@ -114,6 +114,10 @@ class Causality:
             # Untimed lines: order within one file is the only clock.
             return cause.signal.file != other.signal.file or cause.order <= other.order
         delay = other.t - cause.t
+        if not has_own_time(cause.signal):
+            # The cause's time is an earlier line's, a lower bound (a traceback in a rank's own file that printed
+            # no time since its start): it happened then or later, so it explains what is not surely before it.
+            return delay >= -self.lateness(cause, other)
         if not has_own_time(other.signal):
             # Its time is an earlier line's, a lower bound: it may have come after the cause even when that bound
             # is before it, but not by more than a horizon (an error an hour later explains nothing before it).

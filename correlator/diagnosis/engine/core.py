@@ -29,7 +29,14 @@ from correlator.diagnosis.engine.identity import (
     named_by_reports,
 )
 from correlator.diagnosis.engine.incident import Choice, IncidentBuilder, incident_id
-from correlator.diagnosis.engine.keys import is_anonymous, process_key, sort_key, time_of, who_of_key
+from correlator.diagnosis.engine.keys import (
+    has_own_time,
+    is_anonymous,
+    process_key,
+    sort_key,
+    time_of,
+    who_of_key,
+)
 from correlator.diagnosis.engine.progress import (
     Suspect,
     hang_suspect,
@@ -148,7 +155,8 @@ class Engine:
         windows: list[tuple[list[Signal], list[Node]]] = [([], [])]
         last_t: float | None = None
         for (t, _order), _kind, item in events:
-            timed = t != float("inf")
+            # A time borrowed from an earlier line is a lower bound: it neither opens a window nor keeps one open.
+            timed = t != float("inf") and (isinstance(item, Node) or has_own_time(item))
             is_match = isinstance(item, Node) or item.kind == "match"
             if timed and last_t is not None and t - last_t > self.window_gap_s and is_match:
                 windows.append(([], []))
