@@ -42,6 +42,9 @@ class JobBuilder:
         self.hosts = [f"gpu-node-{h:02d}" for h in range(hosts)]
         self.skew = {h: self.rng.uniform(-skew_s, skew_s) for h in self.hosts}
         self.events: list[LogEvent] = []
+        # A streaming forwarder (Fluent Bit, Vector) stamps each line when it reads it, on its own clock (NTP
+        # synced): set to the seconds a line takes to reach it, and every event carries that receive time.
+        self.forwarder_delay_s: float | None = None
 
     def host_of(self, rank: int) -> str:
         return self.hosts[rank // self.per_host]
@@ -51,6 +54,9 @@ class JobBuilder:
         assert host is not None
         true_time = T0 + timedelta(seconds=at_s)
         seen_time = true_time + timedelta(seconds=self.skew[host])
+        received = None
+        if self.forwarder_delay_s is not None:
+            received = true_time + timedelta(seconds=self.forwarder_delay_s + self.rng.uniform(0, 0.05))
         self.events.append(
             LogEvent(
                 job_id="job-64",
@@ -59,6 +65,7 @@ class JobBuilder:
                 local_rank=None if rank is None else rank % self.per_host,
                 pid=None if rank is None else 40000 + rank,
                 ts=seen_time,
+                received_ts=received,
                 source="plain",
                 file=f"{host}.log",
                 offset=len(self.events),
