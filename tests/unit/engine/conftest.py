@@ -73,6 +73,12 @@ class JobBuilder:
             )
         )
 
+    def emit_as(self, host: str, at_s: float, line: str, *, rank: int | None = None, local_rank: int | None = None,
+                pid: int | None = None) -> None:
+        """A line whose prefixes name exactly these (e.g. torchrun's `[default3]:` alone: a local rank, no rank)."""
+        self.emit(None, at_s, line, host=host)
+        self.events[-1] = self.events[-1].model_copy(update={"rank": rank, "local_rank": local_rank, "pid": pid})
+
     def init_lines(self, at_s: float = 0.0) -> None:
         for r in range(self.world):
             dev = r % self.per_host
