@@ -167,3 +167,41 @@ def test_progress_named_only_by_a_local_rank_is_the_ranks_own_when_the_tables_re
     incidents = run(engine, extractor, list(job.shuffled()))
     assert (incidents[0].class_, incidents[0].initiator.rank) == ("gpu_hardware_error", 12)
     assert [(i.class_, i.initiator.rank) for i in incidents if i.recovered] == [("cuda_oom", 3)]
+
+
+def test_a_process_that_saw_a_peer_fail_first_initiates_nothing_after(
+    engine: Engine, extractor: SignalExtractor
+) -> None:
+    """The kernel's OOM killer takes rank 3 (no line of its own); its ring neighbours ranks 2 and 4 see the
+    connection close, and a second later rank 4 segfaults in NCCL's abort (`Fatal Python error: Segmentation
+    fault`). Rank 3's node's agent polls every 30 s: its report of the SIGKILL comes 20 s after rank 4's
+    crash. Both deaths are of the top tier and rank 4's comes first, but rank 4 had logged its peer's failure
+    before its own: a victim, it initiates nothing. (Off: `victims` -> rank 4's segfault, the earliest death
+    that explains the errors, is named.)"""
+    job = JobBuilder(world=8, hosts=2, skew_s=0.0, seed=77)
+    _closed(job, 100.3, [2, 4])
+    job.emit(4, 101.2, "[rank4]: Fatal Python error: Segmentation fault")
+    _report(job, 121.0, host=0, local=3, code=-9)
+    primary = run(engine, extractor, list(job.shuffled()))[0]
+    assert (primary.class_, primary.initiator.rank) == ("host_oom_kill", 3)
+
+
+def test_silent_data_corruption_is_not_recovered_by_training_going_on(
+    engine: Engine, extractor: SignalExtractor
+) -> None:
+    """Rank 7's gradient norm jumps 40-fold at one step while its peers' stay at 1.0, and training goes on:
+    silent corruption is survived by definition (the job goes on, on wrong numbers), so rank 7's later steps
+    do not make it a recovered warning. (Off: `Engine.silent` empty -> the spike is 'recovered', low severity.)"""
+    job = JobBuilder(world=8, hosts=1, skew_s=0.0, seed=78)
+    for step in range(12):
+        for r in range(job.world):
+            norm = 41.7 if (r == 7 and step == 8) else 1.0 + 0.01 * step
+            job.emit(r, 100.0 + 1.2 * step + 0.01 * r,
+                     f"[rank{r}]: step {3100 + step}/20000 | loss {2.41 - 0.001 * step:.4f} | lr 2.95e-04 | "
+                     f"grad_norm {norm:.3f}")
+    # In file order, as diagnose reads it: shuffled, the lines that reach the progress table can all be older
+    # than the spike (the extractor keeps each process's extremes of a metric), and then rank 7 'never went on'
+    # whether its class is silent or not.
+    incidents = run(engine, extractor, list(job.events))
+    assert [(i.class_, i.initiator.rank, i.recovered) for i in incidents if i.class_.startswith("sdc")] == [
+        ("sdc_grad_norm_spike", 7, False)]
