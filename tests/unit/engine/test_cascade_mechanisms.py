@@ -2,10 +2,13 @@
 victims counted per attempt (`victims.victims`), late deaths (`Causality.lateness`, `LATE_DEATH_S`), restarts
 inferred from torchelastic's worker-failed report followed by the node's workers logging again
 (`JobFacts._note_worker_failure` / `_note_node_progress`), the one rank that reported nothing
-(`progress.missing_reporter`), accusations voting (`core.most_accused`) and recovery read under resolved
-process keys (`core.resolved_progress`)."""
+(`progress.missing_reporter`), accusations voting (`core.most_accused`), recovery read under resolved
+process keys (`core.resolved_progress`), victims (`victims.victims`), silent corruption never recovered
+(`Engine.silent`) and a borrowed time read as a lower bound (`keys.has_own_time`)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from correlator.diagnosis.engine import Engine
 from correlator.diagnosis.signals import SignalExtractor
@@ -205,3 +208,30 @@ def test_silent_data_corruption_is_not_recovered_by_training_going_on(
     incidents = run(engine, extractor, list(job.events))
     assert [(i.class_, i.initiator.rank, i.recovered) for i in incidents if i.class_.startswith("sdc")] == [
         ("sdc_grad_norm_spike", 7, False)]
+
+
+def test_a_borrowed_time_minutes_before_the_cause_does_not_put_its_line_before_it(tmp_path: Path) -> None:
+    """torch 2.1 writes its watchdog lines without a time; this job logs a step line every 500 steps (about four
+    minutes). Rank 5 runs out of memory at 09:31:02, four minutes after its file's last step line; the others
+    time out ten minutes later, and the last timed line above each timeout is a step line at 09:27. That
+    borrowed time is only a lower bound: the OOM still explains the timeouts, though they 'read' four minutes
+    before it, far beyond what a late death may lag. (Off: a borrowed time taken as the line's own
+    (`keys.has_own_time` ignoring `time_borrowed`) -> the timeouts come before the OOM, which is dropped as
+    after the cascade.)"""
+    from correlator.offline.diagnose import diagnose_paths
+
+    paths = []
+    for rank in range(8):
+        lines = [f"[rank{rank}]:2026-03-14 09:27:{10 + rank:02d},100 - INFO - step 2000/5000 | loss 2.31"]
+        if rank == 5:
+            lines.append(f"[rank{rank}]:2026-03-14 09:31:02,517 - ERROR - torch.OutOfMemoryError: CUDA out of memory. "
+                         "Tried to allocate 2.00 GiB. GPU 5 has a total capacity of 79.14 GiB of which 1.19 GiB is free.")
+        else:
+            lines.append(f"[rank{rank}]:[E ProcessGroupNCCL.cpp:475] [Rank {rank}] Watchdog caught collective operation "
+                         "timeout: WorkNCCL(SeqNum=5121, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, "
+                         "Timeout(ms)=600000) ran for 600321 milliseconds before timing out.")
+        path = tmp_path / f"rank-{rank}.log"
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(str(path))
+    primary = diagnose_paths(paths, job_id="untimed")[0]
+    assert (primary.class_, primary.initiator.rank) == ("cuda_oom", 5)
