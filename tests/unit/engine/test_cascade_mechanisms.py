@@ -235,3 +235,24 @@ def test_a_borrowed_time_minutes_before_the_cause_does_not_put_its_line_before_i
         paths.append(str(path))
     primary = diagnose_paths(paths, job_id="untimed")[0]
     assert (primary.class_, primary.initiator.rank) == ("cuda_oom", 5)
+
+
+def test_a_consequence_long_before_a_processs_own_failure_does_not_make_it_a_victims(
+    engine: Engine, extractor: SignalExtractor
+) -> None:
+    """An NCCL job with a gloo group for its object collectives: rank 3 runs out of memory and its peers, rank 5
+    among them, see their gloo connections close. Slurm requeues the job into the same files; nothing records
+    the relaunch (no launcher line, no process-group init line at the default log level). Three hours later
+    rank 5 itself runs out of memory; ranks 1, 2 and 6 time out in NCCL's allreduce before the job's time
+    limit stops the rest. A victim fails again within seconds or minutes of the consequence it saw (its abort,
+    its exit), not hours later: rank 5's OOM is the cause of the second cascade. (Off: a consequence counting
+    against every later failure of its process (`victims.within_cascade` without `VICTIM_WINDOW_S`) -> rank
+    5's OOM is taken for a victim's and the second cascade names no rank.)"""
+    job = JobBuilder(world=8, hosts=2, skew_s=0.0, seed=79)
+    job.emit(3, 100.0, OOM.format(r=3, d=3))
+    _closed(job, 100.4, [r for r in range(job.world) if r != 3])
+    job.emit(5, 10900.0, OOM.format(r=5, d=1))
+    for r in (1, 2, 6):
+        job.watchdog(r, 11500.0 + job.rng.uniform(0, 0.3), seq=212, completed=211)
+    incidents = run(engine, extractor, list(job.shuffled()))
+    assert sorted((i.class_, i.initiator.rank) for i in incidents) == [("cuda_oom", 3), ("cuda_oom", 5)]
