@@ -2,8 +2,8 @@
 (`facts._note_who`: ties from lines that name two of rank, local rank and pid; `identity.IdentityResolver`:
 a node's base rank, the one free block, the natural-name-order guess, the single launcher), the corroboration
 of a line by the next one of its class (`identity.corroborated`), and `srun -l` labels read as nodes
-(`ingest.prefixes.sniff_srun_labels`, used by diagnose per file). One branch per test, each the only way to
-the right rank in its job.
+(`ingest.prefixes.sniff_srun_labels`, used by diagnose per file), a launcher report's pid tied to a local
+rank (`JobFacts.local_of`). One branch per test, each the only way to the right rank in its job.
 
 Most jobs here are torchrun's (`--tee 3`), diagnosed from the files as written: the workers' python-logging
 lines carry only the launcher's `[defaultN]:` prefix, their tracebacks also c10d's `[rankN]:`; the agent's own
@@ -269,3 +269,40 @@ def test_srun_labels_of_a_file_with_a_launcher_per_node_name_the_node_on_every_l
     text = "".join(f"{n}: {line}\n" for n, lines in ((0, node0), (1, node1)) for line in lines)
     primary = _diagnose(diagnoser, tmp_path, {"slurm-4412.out": text})[0]
     assert (primary.class_, primary.initiator.rank, primary.initiator.local_rank) == ("host_oom_kill", 5, 1)
+
+
+def _one_worker_node(node: int, *, killed: bool = False) -> str:
+    """A node of `torchrun --nnodes 8 --nproc-per-node 1` (NCCL): its worker prints ProcessGroupNCCL's options at
+    start-up (`[default0]:[rankN]:`); when a peer dies it reports the dead peer from its watchdog and its agent
+    reports it failed. The killed worker prints nothing; its agent reports the SIGKILL."""
+    pid = _pid(node, 0)
+    lines = [(f"[default0]:[rank{node}]:[I314 09:29:02.114000000 ProcessGroupNCCL.cpp:919] [PG ID 0 PG GUID 0 Rank "
+              f"{node}] ProcessGroupNCCL initialization options: size: 8, global rank: {node}, TIMEOUT(ms): 600000, "
+              "USE_HIGH_PRIORITY_STREAM: 0, SPLIT_FROM: 0, SPLIT_COLOR: 0, PG Name: 0"),
+             f"[default0]:{_py_time(58.8)} - INFO - train - step 1200/20000 | loss 2.1830 | lr 3.00e-04"]
+    api = "torch/distributed/elastic/multiprocessing/api.py"
+    if not killed:
+        lines.append(f"[default0]:[rank{node}]:[E314 09:31:00.842000000 ProcessGroupNCCL.cpp:1609] [PG ID 0 PG GUID "
+                     f"0(default_pg) Rank {node}] Process group watchdog thread terminated with exception: NCCL error: "
+                     "remote process exited or there was a network error, NCCL version 2.21.5")
+    lines.append(f"E{_glog_time(61.0 + 0.1 * node)} 1400 {api}:874] failed (exitcode: {-9 if killed else 1}) "
+                 f"local_rank: 0 (pid: {pid}) of binary: /usr/bin/python3")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_pid_the_launcher_reported_with_its_local_rank_names_the_rank_of_a_kernel_line(
+    tmp_path: Path, diagnoser: Diagnoser
+) -> None:
+    """8 nodes, one worker each. The kernel's OOM killer on node03 names only the pid it killed; node03's agent
+    reported that pid's local rank (`failed (exitcode: -9) local_rank: 0 (pid: 4420)`), and node03's local
+    rank 0 is rank 2 (its worker's start-up line). Seven agents report their workers failed too, more than one
+    can tell apart, so no launcher report fills the kernel line's rank: the pid's local rank does.
+    (Off: the launcher report's pid-to-local-rank tie (`JobFacts.local_of`) not read -> the kernel line names
+    no rank.)"""
+    files = {f"node0{n + 1}/train.log": _one_worker_node(n, killed=n == 2) for n in range(8)}
+    files["node03/kern.log"] = (
+        f"2026-03-14T09:31:00.431207+00:00 node03 kernel: Out of memory: Killed process {_pid(2, 0)} (python) "
+        "total-vm:187310244kB, anon-rss:163551204kB, file-rss:81920kB, shmem-rss:20480kB, UID:0 pgtables:327102kB "
+        "oom_score_adj:0\n")
+    primary = _diagnose(diagnoser, tmp_path, files)[0]
+    assert (primary.class_, primary.initiator.rank, primary.initiator.host) == ("host_oom_kill", 2, "node03")
