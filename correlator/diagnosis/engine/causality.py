@@ -122,7 +122,9 @@ class Causality:
             # Its time is an earlier line's, a lower bound: it may have come after the cause even when that bound
             # is before it, but not by more than a horizon (an error an hour later explains nothing before it).
             same_file_before = cause.signal.file == other.signal.file and cause.order > other.order
-            return not same_file_before and -self.horizon(cause) <= delay <= self.horizon(cause)
+            if same_file_before and self.lateness(cause, other) <= self.tolerance_s:
+                return False  # below it in the same file: it came first (a death's own line may come later)
+            return -self.horizon(cause) <= delay <= self.horizon(cause)
         return -self.lateness(cause, other) <= delay <= self.horizon(cause)
 
     def lateness(self, cause: Node, other: Node) -> float:

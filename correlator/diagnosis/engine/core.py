@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from correlator.diagnosis.engine.causality import LATE_DEATH_S, Causality, Node, tier
@@ -65,6 +66,18 @@ MAX_RECOVERED_PER_WINDOW = 3
 WAITING_CLASSES = frozenset({"nccl_timeout", "nccl_error", "straggler_hang"})
 
 
+@dataclass(frozen=True)
+class JobView:
+    """What one diagnosis reads the job's state through: its identity resolved, its clock, each process's first
+    consequences and latest progress under the engine's names for them."""
+
+    state: JobState
+    resolver: IdentityResolver
+    timeline: Timeline
+    onsets: dict[str, list[tuple[int, Onset]]]
+    progress: dict[str, Mark]
+
+
 class Engine:
     # window_gap_s: a quiet gap this long starts a new incident window. It must exceed the longest
     # collective timeout (NCCL's default is 10 min, many jobs raise it to 30-60 min), or the timeouts a
@@ -110,14 +123,13 @@ class Engine:
             by_attempt[s.attempt or 0][0].append(s)
         for node in aggregates:
             by_attempt[node.attempt][1].append(node)
-        onsets = first_consequences(state, resolver)
-        progress = resolved_progress(state, resolver)
+        view = JobView(state, resolver, timeline, first_consequences(state, resolver),
+                       resolved_progress(state, resolver))
         incidents: list[Incident] = []
         for attempt in sorted(by_attempt):
             attempt_signals, attempt_aggregates = by_attempt[attempt]
             for window, window_aggregates in self._windows(attempt_signals, attempt_aggregates, timeline):
-                incidents.extend(self._window_incidents(state, onsets, progress, attempt, window, window_aggregates,
-                                                        timeline, now_t, earlier))
+                incidents.extend(self._window_incidents(view, attempt, window, window_aggregates, now_t, earlier))
         incidents = _survived_by_restart(state, _distinct_ids(state.job_id, incidents))
         incidents.sort(key=_primary_order)
         return incidents
@@ -173,16 +185,14 @@ class Engine:
 
     def _window_incidents(
         self,
-        state: JobState,
-        onsets: dict[str, list[tuple[int, Onset]]],
-        progress: dict[str, Mark],
+        view: JobView,
         attempt: int,
         window: Sequence[Signal],
         aggregates: Sequence[Node],
-        timeline: Timeline,
         now_t: float | None,
         earlier: Sequence[Signal] = (),
     ) -> list[Incident]:
+        state, timeline = view.state, view.timeline
         resolved = resolve_sequence_absence_metric(self.rules, window, timeline, now_t, earlier)
         matches = [s for s in resolved if s.class_]
         nodes = [Node(s, timeline.t(s), attempt) for s in matches] + list(aggregates)
@@ -192,8 +202,8 @@ class Engine:
         causality = Causality(self.rules, self.roles, self._timeout_s(groups), _tolerance(timeline.clock))
         causality.demote_spread_fabric_errors(nodes)
         recovered = {id(n): reason for n in nodes
-                     if (reason := self._recovery(n, state, progress, timeline, attempt))}
-        fallen = victims(nodes, onsets)
+                     if (reason := self._recovery(n, state, view.progress, attempt))}
+        fallen = victims(nodes, view.onsets)
         explainers = [n for n in nodes if id(n) not in recovered and id(n) not in fallen and causality.can_explain(n)]
         explained = causality.explained_by(nodes, explainers)
         candidates = [
@@ -203,7 +213,7 @@ class Engine:
         ]
         pool = [c for c in candidates if not causality.after_the_cascade(c, nodes)]
         pool = _specific_over_generic(pool, self.rules)
-        reports = _failure_reports(nodes, self.tags)
+        reports = [fill_identity(r, view.resolver) for r in _failure_reports(nodes, self.tags)]
         live = [n for n in nodes if id(n) not in recovered]
         incidents: list[Incident] = []
         if pool:
@@ -294,8 +304,7 @@ class Engine:
 
     # --- recovery -----------------------------------------------------------------------
 
-    def _recovery(self, node: Node, state: JobState, progress_of: dict[str, Mark], timeline: Timeline,
-                  attempt: int) -> str:
+    def _recovery(self, node: Node, state: JobState, progress_of: dict[str, Mark], attempt: int) -> str:
         """Why the job went on after this failure ('' when it did not): the same process logged progress
         later in the same attempt, or training completed."""
         s = node.signal

@@ -162,7 +162,7 @@ def is_failure_report(signal: Signal, tags: frozenset[str] = frozenset()) -> boo
 def named_by_reports(primary: Signal, reports: Sequence[Signal]) -> tuple[Signal, str]:
     """The primary with who-fields filled from the launchers' reports, when they name exactly one process
     consistent with what the primary says; and a note for the incident's reason ('' if nothing was used)."""
-    if primary.rank is not None and primary.host is not None:
+    if all(getattr(primary, f) is not None for f in WHO if f != "gpu"):
         return primary, ""
     consistent = [r for r in reports if r is not primary and _consistent(primary, r)]
     if not consistent or not all(_consistent(a, b) for a in consistent for b in consistent):

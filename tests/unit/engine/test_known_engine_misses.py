@@ -1,10 +1,8 @@
-"""Engine bugs found while writing the mechanism tests (issue 27, category 7), each its minimal failing job as a
-strict xfail: the fix makes the test pass, which fails the suite until the mark goes (as the scale suite's
-KNOWN_ENGINE_MISSES and the round trip's xfails do). Reported to the engine's owner with these reproductions."""
+"""Engine bugs found while writing the mechanism tests (issue 27, category 7), each its minimal failing job: a
+known one is a strict xfail (the fix makes the test pass, which fails the suite until the mark goes, as the
+scale suite's KNOWN_ENGINE_MISSES and the round trip's xfails do); a fixed one stays as the test of its fix."""
 
 from __future__ import annotations
-
-import pytest
 
 from correlator.diagnosis.engine import Engine
 from correlator.diagnosis.signals import SignalExtractor
@@ -27,39 +25,29 @@ def _barrier_job(hosts: int, init_lines: bool) -> JobBuilder:
     return job
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: the hint is compared with the named rank's failure by `same_process`, which also requires the "
-    "same host, and the hint's host is its writer's (rank 0's node): across nodes the hint never yields, and the "
-    "incident names rank 6 on rank 0's host"))
 def test_a_hint_naming_a_rank_on_another_node_yields_to_that_ranks_own_failure(
     engine: Engine, extractor: SignalExtractor
 ) -> None:
     """Two nodes: rank 0 (gpu-node-00) names rank 6 (gpu-node-01) in its monitoredBarrier report; rank 6's
-    own node reports its SIGSEGV. Today: straggler_hang, 'rank 6 on gpu-node-00'."""
+    own node reports its SIGSEGV: the hint yields to it, and the hint's writer's host is not rank 6's.
+    (Off: a hint's line keeps its writer's host -> straggler_hang, 'rank 6 on gpu-node-00'.)"""
     primary = run(engine, extractor, list(_barrier_job(hosts=2, init_lines=True).shuffled()))[0]
     assert (primary.class_, primary.initiator.rank, primary.initiator.host) == ("process_crash_signal", 6, "gpu-node-01")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: a hint's line keeps its writer's local rank and pid while its rank is the rank it names, so "
-    "`JobFacts._note_who` ties rank 0's local rank 0 and pid to rank 6: the node's base becomes 6 and the "
-    "agent's report of local rank 6 resolves to rank 12 (of 8)"))
 def test_a_hint_does_not_tie_its_writers_local_rank_to_the_rank_it_names(
     engine: Engine, extractor: SignalExtractor
 ) -> None:
     """One node, no NCCL init lines (nothing else ties the pids): the report of local rank 6 must be rank 6.
-    Today: the hint does not yield (the report resolves to rank 12) and the incident is straggler_hang."""
+    (Off: a line naming another rank keeps its writer's local rank and pid -> the report resolves to rank 12
+    and the hint does not yield: straggler_hang.)"""
     primary = run(engine, extractor, list(_barrier_job(hosts=1, init_lines=False).shuffled()))[0]
     assert (primary.class_, primary.initiator.rank) == ("process_crash_signal", 6)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: a restart inferred from torchelastic's worker-failed report starts at the report's own time "
-    "(`Restart.before` is <=), so the report is attempt 1's first collateral line and every failure of attempt 1 "
-    "comes 'after the cascade': attempt 1 shows 'only consequences were logged (launcher_teardown reported by "
-    "local rank 3 ...)'"))
 def test_the_attempt_after_an_inferred_restart_names_its_own_cause(engine: Engine, extractor: SignalExtractor) -> None:
     """The job of `test_workers_logging_again_after_their_agent_reported_them_failed_is_a_restart`: attempt 1
-    ends with rank 9's Xid. Today: attempt 1's incident is launcher_teardown, no rank."""
+    ends with rank 9's Xid. (Off: the inferred restart at the report's own time -> the report is attempt 1's
+    first consequence, every failure of attempt 1 comes after it: launcher_teardown, no rank.)"""
     primary = run(engine, extractor, list(inferred_restart_job(seed=73).shuffled()))[0]
     assert (primary.attempt, primary.class_, primary.initiator.rank) == (1, "gpu_hardware_error", 9)
