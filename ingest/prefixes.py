@@ -485,16 +485,32 @@ _NOT_HOST_FIRST_WORDS = frozenset({
 })
 
 
+# What a per-host log's name says besides the host: `dmesg-node208.txt`, `node12.kern.log`, `gpu-3-console.log`
+_LOG_KIND_AFFIX = re.compile(
+    r"^(?:(?:dmesg|kern|kernel|syslog|journal|messages|console)[-_.])?(?P<host>.+?)"
+    r"(?:[-_.](?:dmesg|kern|kernel|syslog|journal|messages|console|stdout|stderr|log|out|err))?$",
+    re.IGNORECASE,
+)
+
+
+def machine_name(name: str) -> str:
+    """The host a per-host log's file or folder name names, without a log-kind word around it."""
+    m = _LOG_KIND_AFFIX.match(name)
+    return m["host"] if m is not None else name
+
+
 def hosts_among(paths: Iterable[str]) -> frozenset[str]:
     """Names that are machines in a set of log paths: file stems or folders shaped like cluster host names
-    (gpu-a100-0137, ip-10-1-3-77) of which two or more differ only in their numbers at the same place in their
-    paths (one file per host). A single such name is not enough: a job's folder is named like that too."""
+    (gpu-a100-0137, ip-10-1-3-77, dmesg-node208) of which two or more differ only in their numbers at the same
+    place in their paths (one file per host). A single such name is not enough: a job's folder is named like
+    that too. The names are returned as they stand in the paths (`machine_name` gives the host of each)."""
     by_shape: dict[tuple[int, str], set[str]] = {}
     for path in paths:
         parts = [p for p in PurePath(path).parts if p not in ("/", "")]
         for depth, part in enumerate(reversed(parts)):
             name = _stem(part) if depth == 0 else part
-            if _hostname_shaped(name):
+            host = machine_name(name)
+            if _hostname_shaped(host) or (_PATH_HOST_DIR.match(host) is not None and host != name):
                 by_shape.setdefault((depth, re.sub(r"\d+", "#", name.lower())), set()).add(name)
     return frozenset(n for names in by_shape.values() if len(names) >= 2 for n in names)
 
@@ -561,6 +577,8 @@ def identity_from_path(path: str, hosts: frozenset[str] = frozenset()) -> dict[s
                 hints["pod_index"] = int(m["idx"])
             hints["host"] = name
             continue
-        if _PATH_HOST_DIR.match(name) is not None or name in hosts:
+        if _PATH_HOST_DIR.match(name) is not None:
             hints["host"] = name
+        elif name in hosts:
+            hints["host"] = machine_name(name)
     return hints

@@ -160,25 +160,36 @@ class Engine:
     def _windows(
         self, signals: Sequence[Signal], aggregates: Sequence[Node], timeline: Timeline
     ) -> list[tuple[list[Signal], list[Node]]]:
+        """The attempt's failures cut where nothing failed for `window_gap_s`. Only failures with a time of their
+        own cut and hold windows; a line whose time is borrowed from an earlier line (a lower bound: it happened
+        then or later) joins the first window that had not ended by then, and an untimed line the last."""
         # (time, order), then signals before aggregates at the same key
         events: list[tuple[tuple[float, int], int, Signal | Node]] = [(timeline.key(s), 0, s) for s in signals]
         events += [(node.key(), 1, node) for node in aggregates]
         events.sort(key=lambda e: (e[0], e[1]))
         windows: list[tuple[list[Signal], list[Node]]] = [([], [])]
-        last_t: float | None = None
+        ends: list[float | None] = [None]
+        borrowed: list[tuple[float, Signal]] = []
         for (t, _order), _kind, item in events:
-            # A time borrowed from an earlier line is a lower bound: it neither opens a window nor keeps one open.
-            timed = t != float("inf") and (isinstance(item, Node) or has_own_time(item))
             is_match = isinstance(item, Node) or item.kind == "match"
+            if isinstance(item, Signal) and t != float("inf") and not has_own_time(item):
+                borrowed.append((t, item))
+                continue
+            timed = t != float("inf")
+            last_t = ends[-1]
             if timed and last_t is not None and t - last_t > self.window_gap_s and is_match:
                 windows.append(([], []))
+                ends.append(None)
             if isinstance(item, Node):
                 windows[-1][1].append(item)
             else:
                 windows[-1][0].append(item)
             if timed and is_match:
                 end = item.t_last if isinstance(item, Node) and item.t_last is not None else t
-                last_t = max(last_t or end, end)
+                ends[-1] = max(last_t or end, end)
+        for t, signal in borrowed:
+            at = next((i for i, end in enumerate(ends) if end is None or end >= t), len(windows) - 1)
+            windows[at][0].append(signal)
         return [w for w in windows if w[0] or w[1]]
 
     # --- one window ---------------------------------------------------------------------

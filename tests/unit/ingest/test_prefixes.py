@@ -491,3 +491,6 @@ def test_machines_among_log_paths_are_names_shaped_like_hosts_that_differ_in_the
     assert hosts == {"gpu-a100-0137", "gpu-a100-0138", "ip-10-1-3-77", "ip-10-1-3-78"}
     assert identity_from_path("/logs/ip-10-1-3-77/rank37.out", hosts) == {"host": "ip-10-1-3-77", "rank": 37}
     assert identity_from_path("/cases/sigabrt-run-2/console.log", hosts) == {}
+    # a log-kind word around the host's name is not part of it
+    kern = hosts_among(["/job/dmesg/dmesg-node208.txt", "/job/dmesg/dmesg-node209.txt"])
+    assert identity_from_path("/job/dmesg/dmesg-node208.txt", kern) == {"host": "node208"}
