@@ -19,6 +19,7 @@ from correlator.diagnosis.rules import TIER_BOUNDARIES, Rule
 
 TEARDOWN_MARGIN_S = 900.0  # after a collective times out: the abort, the launcher's teardown, the exits
 FABRIC_CLASS = "network_fabric_error"
+LOCAL_FAULT_TAG = "local-fault"  # a rule whose line is about its writer's own hardware failing
 LATE_DEATH_S = 60.0  # a death's own line after the consequences it caused (flush, launcher report, clock ahead)
 
 
@@ -78,13 +79,19 @@ class Causality:
         fabric = [n for n in nodes if n.cls == FABRIC_CLASS and n.aggregate is None]
         if not fabric:
             return
-        hosts = {h for n in fabric for h in n.hosts()}
+        hosts = {h for n in fabric if not self.local_fault(n) for h in n.hosts()}
         deaths = [n.t for n in nodes if n.aggregate is None and n.cls != FABRIC_CLASS and n.t is not None
                   and self.role(n) != "collateral" and SEVERITY_RANK.get(n.signal.severity, 2) > 1]
         first_death = min(deaths, default=None)
         for n in fabric:
-            if len(hosts) > 1 or (first_death is not None and (n.t is None or n.t >= first_death - self.tolerance_s)):
+            spread = len(hosts) > 1 and not self.local_fault(n)  # a NIC's own fault stays its host's
+            if spread or (first_death is not None and (n.t is None or n.t >= first_death - self.tolerance_s)):
                 self.demoted.add(id(n))
+
+    def local_fault(self, node: Node) -> bool:
+        """A line about the writer's own hardware failing (its NIC's port error, its link down)."""
+        rule = self.rules.get(node.signal.rule_id)
+        return rule is not None and LOCAL_FAULT_TAG in rule.tags
 
     def confidence(self, node: Node) -> float:
         rule = self.rules.get(node.signal.rule_id)
@@ -108,7 +115,10 @@ class Causality:
         if cause is other or cause.attempt != other.attempt or not self.can_explain(cause):
             return False
         rule = self.rules[cause.signal.rule_id]
-        if other.cls == cause.cls or other.cls not in rule.explains:
+        # One failure of a class does not explain another of it, but a NIC's own fault does explain what its
+        # peers' connections to it then report (the same class, seen from the other end).
+        same_class = other.cls == cause.cls and not (id(other) in self.demoted and self.local_fault(cause))
+        if same_class or other.cls not in rule.explains:
             return False
         if cause.t is None or other.t is None:
             # Untimed lines: order within one file is the only clock.
