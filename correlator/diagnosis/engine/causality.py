@@ -79,12 +79,23 @@ class Causality:
         fabric = [n for n in nodes if n.cls == FABRIC_CLASS and n.aggregate is None]
         if not fabric:
             return
-        hosts = {h for n in fabric if not self.local_fault(n) for h in n.hosts()}
+        first_on: dict[str, float] = {}  # host -> its first fabric error (not a NIC's own fault; inf: untimed)
+        for n in fabric:
+            if not self.local_fault(n) and self.role(n) != "collateral":  # not a flush
+                t = n.t if n.t is not None else float("inf")
+                for h in n.hosts():
+                    first_on[h] = min(first_on.get(h, t), t)
+        ordered = sorted(first_on.items(), key=lambda kv: kv[1])
+        # One host's errors clearly before any other host's: the fault is there (the others see it later).
+        leader = ordered[0][0] if len(ordered) == 1 or (
+            len(ordered) > 1 and ordered[1][1] != float("inf") and ordered[1][1] - ordered[0][1] > self.tolerance_s
+        ) else None
         deaths = [n.t for n in nodes if n.aggregate is None and n.cls != FABRIC_CLASS and n.t is not None
                   and self.role(n) != "collateral" and SEVERITY_RANK.get(n.signal.severity, 2) > 1]
         first_death = min(deaths, default=None)
         for n in fabric:
-            spread = len(hosts) > 1 and not self.local_fault(n)  # a NIC's own fault stays its host's
+            # a NIC's own fault stays its host's; so do the errors of the host that reported first, clearly
+            spread = len(first_on) > 1 and not self.local_fault(n) and not (leader is not None and leader in n.hosts())
             if spread or (first_death is not None and (n.t is None or n.t >= first_death - self.tolerance_s)):
                 self.demoted.add(id(n))
 

@@ -211,9 +211,9 @@ class Engine:
             return []
         groups = {k.split(":", 1)[1]: g for k, g in state.groups.items() if k.split(":", 1)[0] == str(attempt)}
         causality = Causality(self.rules, self.roles, self._timeout_s(groups), _tolerance(timeline.clock))
-        causality.demote_spread_fabric_errors(nodes)
         recovered = {id(n): reason for n in nodes
                      if (reason := self._recovery(n, state, view.progress, attempt))}
+        causality.demote_spread_fabric_errors([n for n in nodes if id(n) not in recovered])
         fallen = victims(nodes, view.onsets)
         explainers = [n for n in nodes if id(n) not in recovered and id(n) not in fallen and causality.can_explain(n)]
         explained = causality.explained_by(nodes, explainers)
