@@ -154,6 +154,13 @@ _LAUNCHER_SOURCES = ("distributed/elastic/", "distributed/run.py", "distributed/
 # Words that do carry a digit and start user prints ("step3: ", "epoch2: ", "sha256: ") are not hosts.
 _PDSH = re.compile(r"((?:[A-Za-z][A-Za-z0-9-]*\d[A-Za-z0-9-]*|localhost)(?:\.[A-Za-z][A-Za-z0-9-]*)*): ")
 _PDSH_IPV4 = re.compile(r"(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}): ")
+# A log aggregator's host name and a space in front of a line that has a prefix of its own (a rank prefix, a
+# c10/glog header, a dated time): `compute-19-9 [rank935]:[E0520 ...]`. Without such a prefix behind it the
+# first word of a line is not taken for a host.
+_HOST_SPACE = re.compile(
+    r"([A-Za-z][A-Za-z0-9-]*\d[A-Za-z0-9-]*(?:\.[A-Za-z][A-Za-z0-9-]*)*) "
+    r"(?=\[[A-Za-z_]+\d+\]:|\[[IWEF]\d{3,4} |[IWEF]\d{4} \d\d:|\d{4}-\d\d-\d\d[ T]\d\d:)"
+)
 _NOT_HOST_STEMS = frozenset({
     "step", "steps", "epoch", "iter", "iteration", "batch", "rank", "layer", "block", "stage", "phase", "fold",
     "test", "run", "cuda", "sha", "md", "utf", "fp", "bf", "int", "uint", "float", "bfloat", "python", "py",
@@ -188,7 +195,7 @@ _COMPOSE = re.compile(r"([A-Za-z0-9][\w.]*[-_0-9][\w.-]*) +\| ")
 # cheap gate for lines that start with a letter: does any letter-led prefix fit at all?
 _LETTER_GATE = re.compile(
     r"[\w.-]+:\d+:\d+ \[|[A-Za-z0-9][\w.-]* +\| |[\w.-]+\.(?:log|out|err|txt):|[IWEF]\d{4} |"
-    r"[A-Za-z][\w.-]*\d[\w.-]*: |localhost: |std(?:out|err): |"
+    r"[A-Za-z][\w.-]*\d[\w.-]*(?:: | (?=[\[\d]|[IWEF]\d{4} ))|localhost: |std(?:out|err): |"
     + _MON
     + r" [ \d]?\d \d|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-|kernel:"
 )
@@ -404,7 +411,7 @@ def parse_prefixes(line: str, *, year: int | None = None, srun_labels: SrunLabel
                 pass
             elif pos == 0 and (m := _COMPOSE.match(line, pos)) is not None:
                 host = m[1]
-            elif host is None and (m := _PDSH.match(line, pos)) is not None:
+            elif (host is None and (m := _PDSH.match(line, pos)) is not None) or (host is None and pos == 0 and (m := _HOST_SPACE.match(line, pos)) is not None):
                 if _host_like(m[1]):
                     host = m[1]
                 else:
