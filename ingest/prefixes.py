@@ -411,7 +411,10 @@ def parse_prefixes(line: str, *, year: int | None = None, srun_labels: SrunLabel
                 pass
             elif pos == 0 and (m := _COMPOSE.match(line, pos)) is not None:
                 host = m[1]
-            elif (host is None and (m := _PDSH.match(line, pos)) is not None) or (host is None and pos == 0 and (m := _HOST_SPACE.match(line, pos)) is not None):
+            elif host is None and (
+                (m := _PDSH.match(line, pos)) is not None
+                or ((pos == 0 or after_ts) and (m := _HOST_SPACE.match(line, pos)) is not None)
+            ):
                 if _host_like(m[1]):
                     host = m[1]
                 else:
