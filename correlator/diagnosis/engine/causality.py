@@ -16,6 +16,7 @@ from correlator.diagnosis.engine.keys import has_own_time
 from correlator.diagnosis.engine.store import Aggregate
 from correlator.diagnosis.models import SEVERITY_RANK, Signal
 from correlator.diagnosis.rules import TIER_BOUNDARIES, Rule
+from correlator.diagnosis.signals import REPORT
 
 TEARDOWN_MARGIN_S = 900.0  # after a collective times out: the abort, the launcher's teardown, the exits
 FABRIC_CLASS = "network_fabric_error"
@@ -90,13 +91,21 @@ class Causality:
         leader = ordered[0][0] if len(ordered) == 1 or (
             len(ordered) > 1 and ordered[1][1] != float("inf") and ordered[1][1] - ordered[0][1] > self.tolerance_s
         ) else None
+        # a process's own failure (not a launcher's report of an exit, which a fabric failure causes too)
         deaths = [n.t for n in nodes if n.aggregate is None and n.cls != FABRIC_CLASS and n.t is not None
-                  and self.role(n) != "collateral" and SEVERITY_RANK.get(n.signal.severity, 2) > 1]
-        first_death = min(deaths, default=None)
+                  and self.role(n) != "collateral" and SEVERITY_RANK.get(n.signal.severity, 2) > 1
+                  and not n.signal.fields.get(REPORT)]
+        reach = self.timeout_s + TEARDOWN_MARGIN_S  # how far apart a death and the errors it causes can be
         for n in fabric:
-            # a NIC's own fault stays its host's; so do the errors of the host that reported first, clearly
-            spread = len(first_on) > 1 and not self.local_fault(n) and not (leader is not None and leader in n.hosts())
-            if spread or (first_death is not None and (n.t is None or n.t >= first_death - self.tolerance_s)):
+            near = [d for d in deaths if n.t is None or abs(d - n.t) <= reach]
+            if self.local_fault(n):
+                # a NIC's own fault stays its host's cause unless something had died before it
+                if near and (n.t is None or n.t >= min(near) - self.tolerance_s):
+                    self.demoted.add(id(n))
+                continue
+            # Errors a peer's connection reports: consequences of a death near them (whatever the clocks say: a
+            # dying rank's peers see their queue pairs fail) and, with none, of the host that reported clearly first.
+            if near or (len(first_on) > 1 and not (leader is not None and leader in n.hosts())):
                 self.demoted.add(id(n))
 
     def local_fault(self, node: Node) -> bool:

@@ -213,8 +213,8 @@ class Engine:
         causality = Causality(self.rules, self.roles, self._timeout_s(groups), _tolerance(timeline.clock))
         recovered = {id(n): reason for n in nodes
                      if (reason := self._recovery(n, state, view.progress, attempt))}
-        causality.demote_spread_fabric_errors([n for n in nodes if id(n) not in recovered])
         fallen = victims(nodes, view.onsets)
+        causality.demote_spread_fabric_errors([n for n in nodes if id(n) not in recovered and id(n) not in fallen])
         explainers = [n for n in nodes if id(n) not in recovered and id(n) not in fallen and causality.can_explain(n)]
         explained = causality.explained_by(nodes, explainers)
         candidates = [
