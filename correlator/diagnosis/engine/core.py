@@ -277,7 +277,8 @@ class Engine:
     ) -> Choice:
         """Only consequences were logged: the class they show (the one nothing else present explains, e.g.
         an NCCL remote error rather than the timeouts it caused) and the suspect collective progress names."""
-        shown = [n for n in nodes if explained[id(n)] is None] or nodes
+        failed = [n for n in nodes if n.signal.severity != "info"] or nodes  # a note is never the class shown
+        shown = [n for n in failed if explained[id(n)] is None] or failed
         top = max(tier(causality.confidence(n)) for n in shown)
         primary = min((n for n in shown if tier(causality.confidence(n)) == top), key=Node.key)
         suspect: Suspect | None = mismatch_suspect(groups) or hang_suspect(groups, world_size)
