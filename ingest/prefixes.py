@@ -154,6 +154,13 @@ _LAUNCHER_SOURCES = ("distributed/elastic/", "distributed/run.py", "distributed/
 # Words that do carry a digit and start user prints ("step3: ", "epoch2: ", "sha256: ") are not hosts.
 _PDSH = re.compile(r"((?:[A-Za-z][A-Za-z0-9-]*\d[A-Za-z0-9-]*|localhost)(?:\.[A-Za-z][A-Za-z0-9-]*)*): ")
 _PDSH_IPV4 = re.compile(r"(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}): ")
+# A log aggregator's host name and a space in front of a line that has a prefix of its own (a rank prefix, a
+# c10/glog header, a dated time): `compute-19-9 [rank935]:[E0520 ...]`. Without such a prefix behind it the
+# first word of a line is not taken for a host.
+_HOST_SPACE = re.compile(
+    r"([A-Za-z][A-Za-z0-9-]*\d[A-Za-z0-9-]*(?:\.[A-Za-z][A-Za-z0-9-]*)*) "
+    r"(?=\[[A-Za-z_]+\d+\]:|\[[IWEF]\d{3,4} |[IWEF]\d{4} \d\d:|\d{4}-\d\d-\d\d[ T]\d\d:)"
+)
 _NOT_HOST_STEMS = frozenset({
     "step", "steps", "epoch", "iter", "iteration", "batch", "rank", "layer", "block", "stage", "phase", "fold",
     "test", "run", "cuda", "sha", "md", "utf", "fp", "bf", "int", "uint", "float", "bfloat", "python", "py",
@@ -188,7 +195,7 @@ _COMPOSE = re.compile(r"([A-Za-z0-9][\w.]*[-_0-9][\w.-]*) +\| ")
 # cheap gate for lines that start with a letter: does any letter-led prefix fit at all?
 _LETTER_GATE = re.compile(
     r"[\w.-]+:\d+:\d+ \[|[A-Za-z0-9][\w.-]* +\| |[\w.-]+\.(?:log|out|err|txt):|[IWEF]\d{4} |"
-    r"[A-Za-z][\w.-]*\d[\w.-]*: |localhost: |std(?:out|err): |"
+    r"[A-Za-z][\w.-]*\d[\w.-]*(?:: | (?=[\[\d]|[IWEF]\d{4} ))|localhost: |std(?:out|err): |"
     + _MON
     + r" [ \d]?\d \d|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-|kernel:"
 )
@@ -404,7 +411,10 @@ def parse_prefixes(line: str, *, year: int | None = None, srun_labels: SrunLabel
                 pass
             elif pos == 0 and (m := _COMPOSE.match(line, pos)) is not None:
                 host = m[1]
-            elif host is None and (m := _PDSH.match(line, pos)) is not None:
+            elif host is None and (
+                (m := _PDSH.match(line, pos)) is not None
+                or ((pos == 0 or after_ts) and (m := _HOST_SPACE.match(line, pos)) is not None)
+            ):
                 if _host_like(m[1]):
                     host = m[1]
                 else:
@@ -485,16 +495,32 @@ _NOT_HOST_FIRST_WORDS = frozenset({
 })
 
 
+# What a per-host log's name says besides the host: `dmesg-node208.txt`, `node12.kern.log`, `gpu-3-console.log`
+_LOG_KIND_AFFIX = re.compile(
+    r"^(?:(?:dmesg|kern|kernel|syslog|journal|messages|console)[-_.])?(?P<host>.+?)"
+    r"(?:[-_.](?:dmesg|kern|kernel|syslog|journal|messages|console|stdout|stderr|log|out|err))?$",
+    re.IGNORECASE,
+)
+
+
+def machine_name(name: str) -> str:
+    """The host a per-host log's file or folder name names, without a log-kind word around it."""
+    m = _LOG_KIND_AFFIX.match(name)
+    return m["host"] if m is not None else name
+
+
 def hosts_among(paths: Iterable[str]) -> frozenset[str]:
     """Names that are machines in a set of log paths: file stems or folders shaped like cluster host names
-    (gpu-a100-0137, ip-10-1-3-77) of which two or more differ only in their numbers at the same place in their
-    paths (one file per host). A single such name is not enough: a job's folder is named like that too."""
+    (gpu-a100-0137, ip-10-1-3-77, dmesg-node208) of which two or more differ only in their numbers at the same
+    place in their paths (one file per host). A single such name is not enough: a job's folder is named like
+    that too. The names are returned as they stand in the paths (`machine_name` gives the host of each)."""
     by_shape: dict[tuple[int, str], set[str]] = {}
     for path in paths:
         parts = [p for p in PurePath(path).parts if p not in ("/", "")]
         for depth, part in enumerate(reversed(parts)):
             name = _stem(part) if depth == 0 else part
-            if _hostname_shaped(name):
+            host = machine_name(name)
+            if _hostname_shaped(host) or (_PATH_HOST_DIR.match(host) is not None and host != name):
                 by_shape.setdefault((depth, re.sub(r"\d+", "#", name.lower())), set()).add(name)
     return frozenset(n for names in by_shape.values() if len(names) >= 2 for n in names)
 
@@ -561,6 +587,8 @@ def identity_from_path(path: str, hosts: frozenset[str] = frozenset()) -> dict[s
                 hints["pod_index"] = int(m["idx"])
             hints["host"] = name
             continue
-        if _PATH_HOST_DIR.match(name) is not None or name in hosts:
+        if _PATH_HOST_DIR.match(name) is not None:
             hints["host"] = name
+        elif name in hosts:
+            hints["host"] = machine_name(name)
     return hints

@@ -140,11 +140,12 @@ class Diagnoser:
         only a caller that runs no other threads should ask for more than 1: the CLI does)."""
         self.jobs = max(1, jobs)
         self._hosts: frozenset[str] = frozenset()  # host-named files and folders of the paths being read
+        self._year: int | None = None  # the year of the job's dated lines, for its year-less ones (glog, syslog)
         self.ruleset = ruleset or load_ruleset()
         self.matcher = matcher or Matcher(self.ruleset)
         self.extractor = SignalExtractor(self.ruleset, self.matcher)
         self.engine = Engine(self.ruleset)
-        self.routine = RoutineAggregator(self.matcher, _identify_line)
+        self.routine = RoutineAggregator(self.matcher, self._identify_routine)
 
     # --- reading ------------------------------------------------------------------------
 
@@ -158,6 +159,7 @@ class Diagnoser:
         signals: list[Signal] = []
         sources = list(iter_sources(paths, stats))
         self._hosts = hosts_among(source.name for source in sources)
+        self._year = _job_year(sources)
         for file_index, source in enumerate(sources):
             try:
                 stream = source.open()
@@ -341,13 +343,17 @@ class Diagnoser:
                 progress.append(signal)
         return _latest_first(progress) + metric
 
+    def _identify_routine(self, raw: str) -> Identity:
+        """A routine line's identity (the routine aggregator's line keys), with the job's year."""
+        return _identify_line(raw, "auto", self._year)
+
     def _identify(self, raw: str, path_hints: dict[str, str | int]) -> Identity:
         """Identity of one line: a syslog header (host, time) when the file is rsyslog text, then prefixes
         (`srun -l` labels read as the file's first lines say: `sniff_srun_labels`).
 
         Memoized: looking back for a timestamp or a traceback's owner revisits the same lines.
         """
-        return _identify_line(raw, "node" if path_hints.get("srun_labels") == "node" else "auto")
+        return _identify_line(raw, "node" if path_hints.get("srun_labels") == "node" else "auto", self._year)
 
     def _event_for_line(
         self, body: Buffer, hit: Hit, base: int, name: str, path_hints: dict[str, str | int], job_id: str
@@ -559,8 +565,8 @@ def _decoders() -> ModuleType:
 
 
 @functools.lru_cache(maxsize=8192)
-def _identify_line(raw: str, srun_labels: SrunLabels = "auto") -> Identity:
-    """Identity of one line (see Diagnoser._identify)."""
+def _identify_line(raw: str, srun_labels: SrunLabels = "auto", year: int | None = None) -> Identity:
+    """Identity of one line (see Diagnoser._identify); `year` completes year-less timestamps."""
     host: str | None = None
     header_ts = None
     text = raw
@@ -572,13 +578,37 @@ def _identify_line(raw: str, srun_labels: SrunLabels = "auto") -> Identity:
             records = []
         if records and records[0].source == "rsyslog":
             host, header_ts, text = records[0].host, records[0].ts, records[0].text
-    ident = parse_prefixes(text, srun_labels=srun_labels)
+    ident = parse_prefixes(text, srun_labels=srun_labels, year=year)
     if host is None and header_ts is None:
         return ident
     return dataclasses.replace(
         ident, host=ident.host or host, ts=ident.ts or header_ts,
         ts_has_date=ident.ts_has_date if ident.ts else header_ts is not None,
     )
+
+
+YEAR_SNIFF_BYTES = 64 * 1024
+
+
+def _job_year(sources: Sequence[Source]) -> int | None:
+    """The year of a job's first dated line, from the head of its files: year-less stamps (glog's I0928,
+    syslog's Sep 28, c10d's [E0928) of the same job are in that year, not in whatever year it is now (a job
+    from 2024 read in 2026 would otherwise put its kernel and agent lines two years after its own)."""
+    for source in sources:
+        if source.path is None:
+            continue
+        try:
+            with source.path.open("rb") as fh:
+                head = fh.read(YEAR_SNIFF_BYTES)
+        except OSError:
+            continue
+        if head[:2] == b"\x1f\x8b" or looks_binary(head):
+            continue
+        for line in head.decode("utf-8", "replace").splitlines():
+            ident = _identify_line(line[:512])
+            if ident.ts is not None and ident.ts_has_date:
+                return ident.ts.year
+    return None
 
 
 def _latest_first(signals: list[Signal]) -> list[Signal]:

@@ -31,13 +31,25 @@ _LEVEL_WORDS = frozenset({"TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "WARNING",
                           "FATAL", "ALERT", "EMERG", "EMERGENCY"})
 
 
+_IPV6 = re.compile(r"[0-9A-Fa-f:.]+")  # the only HOSTNAME with a colon: an IPv6 address
+_GLOG_HEADER = re.compile(r"[IWEFD]\d{4}")  # glog's level and month-day
+
+
 def _syslog_line(
     line: str, year_hint: int | None
 ) -> tuple[str, datetime | None, str | None, str | None, int | None] | None:
     """(message, ts, host, tag, pid) when `line` is a syslog line in one of rsyslog's formats."""
     parsed = _syslog_fields(line, year_hint)
-    if parsed is not None and parsed[2] is not None and parsed[2].upper() in _LEVEL_WORDS:
+    if parsed is None:
         return None
+    host, tag = parsed[2], parsed[3]
+    if host is not None and (host.upper() in _LEVEL_WORDS or (":" in host and _IPV6.fullmatch(host) is None)
+                             or _GLOG_HEADER.fullmatch(host) is not None):
+        # a level word, python logging's `ERROR:logger.name:msg` or glog's `W0806 14:14:18.68 ...` after an ISO
+        # time: an application's line behind a container runtime's or an aggregator's time, not a syslog line
+        return None
+    if tag is not None and tag.isdigit():
+        return None  # a clock's hours where the TAG would be (`... W0806 14:14:18`): not a syslog tag
     return parsed
 
 

@@ -16,9 +16,11 @@ from correlator.diagnosis.engine.keys import has_own_time
 from correlator.diagnosis.engine.store import Aggregate
 from correlator.diagnosis.models import SEVERITY_RANK, Signal
 from correlator.diagnosis.rules import TIER_BOUNDARIES, Rule
+from correlator.diagnosis.signals import REPORT
 
 TEARDOWN_MARGIN_S = 900.0  # after a collective times out: the abort, the launcher's teardown, the exits
 FABRIC_CLASS = "network_fabric_error"
+LOCAL_FAULT_TAG = "local-fault"  # a rule whose line is about its writer's own hardware failing
 LATE_DEATH_S = 60.0  # a death's own line after the consequences it caused (flush, launcher report, clock ahead)
 
 
@@ -78,13 +80,38 @@ class Causality:
         fabric = [n for n in nodes if n.cls == FABRIC_CLASS and n.aggregate is None]
         if not fabric:
             return
-        hosts = {h for n in fabric for h in n.hosts()}
-        deaths = [n.t for n in nodes if n.aggregate is None and n.cls != FABRIC_CLASS and n.t is not None
-                  and self.role(n) != "collateral" and SEVERITY_RANK.get(n.signal.severity, 2) > 1]
-        first_death = min(deaths, default=None)
+        first_on: dict[str, float] = {}  # host -> its first fabric error (not a NIC's own fault; inf: untimed)
         for n in fabric:
-            if len(hosts) > 1 or (first_death is not None and (n.t is None or n.t >= first_death - self.tolerance_s)):
+            if not self.local_fault(n) and self.role(n) != "collateral":  # not a flush
+                t = n.t if n.t is not None else float("inf")
+                for h in n.hosts():
+                    first_on[h] = min(first_on.get(h, t), t)
+        ordered = sorted(first_on.items(), key=lambda kv: kv[1])
+        # One host's errors clearly before any other host's: the fault is there (the others see it later).
+        leader = ordered[0][0] if len(ordered) == 1 or (
+            len(ordered) > 1 and ordered[1][1] != float("inf") and ordered[1][1] - ordered[0][1] > self.tolerance_s
+        ) else None
+        # a process's own failure (not a launcher's report of an exit, which a fabric failure causes too)
+        deaths = [n.t for n in nodes if n.aggregate is None and n.cls != FABRIC_CLASS and n.t is not None
+                  and self.role(n) != "collateral" and SEVERITY_RANK.get(n.signal.severity, 2) > 1
+                  and not n.signal.fields.get(REPORT)]
+        reach = self.timeout_s + TEARDOWN_MARGIN_S  # how far apart a death and the errors it causes can be
+        for n in fabric:
+            near = [d for d in deaths if n.t is None or abs(d - n.t) <= reach]
+            if self.local_fault(n):
+                # a NIC's own fault stays its host's cause unless something had died before it
+                if near and (n.t is None or n.t >= min(near) - self.tolerance_s):
+                    self.demoted.add(id(n))
+                continue
+            # Errors a peer's connection reports: consequences of a death near them (whatever the clocks say: a
+            # dying rank's peers see their queue pairs fail) and, with none, of the host that reported clearly first.
+            if near or (len(first_on) > 1 and not (leader is not None and leader in n.hosts())):
                 self.demoted.add(id(n))
+
+    def local_fault(self, node: Node) -> bool:
+        """A line about the writer's own hardware failing (its NIC's port error, its link down)."""
+        rule = self.rules.get(node.signal.rule_id)
+        return rule is not None and LOCAL_FAULT_TAG in rule.tags
 
     def confidence(self, node: Node) -> float:
         rule = self.rules.get(node.signal.rule_id)
@@ -108,17 +135,26 @@ class Causality:
         if cause is other or cause.attempt != other.attempt or not self.can_explain(cause):
             return False
         rule = self.rules[cause.signal.rule_id]
-        if other.cls == cause.cls or other.cls not in rule.explains:
+        # One failure of a class does not explain another of it, but a NIC's own fault does explain what its
+        # peers' connections to it then report (the same class, seen from the other end).
+        same_class = other.cls == cause.cls and not (id(other) in self.demoted and self.local_fault(cause))
+        if same_class or other.cls not in rule.explains:
             return False
         if cause.t is None or other.t is None:
             # Untimed lines: order within one file is the only clock.
             return cause.signal.file != other.signal.file or cause.order <= other.order
         delay = other.t - cause.t
+        if not has_own_time(cause.signal):
+            # The cause's time is an earlier line's, a lower bound (a traceback in a rank's own file that printed
+            # no time since its start): it happened then or later, so it explains what is not surely before it.
+            return delay >= -self.lateness(cause, other)
         if not has_own_time(other.signal):
             # Its time is an earlier line's, a lower bound: it may have come after the cause even when that bound
             # is before it, but not by more than a horizon (an error an hour later explains nothing before it).
             same_file_before = cause.signal.file == other.signal.file and cause.order > other.order
-            return not same_file_before and -self.horizon(cause) <= delay <= self.horizon(cause)
+            if same_file_before and self.lateness(cause, other) <= self.tolerance_s:
+                return False  # below it in the same file: it came first (a death's own line may come later)
+            return -self.horizon(cause) <= delay <= self.horizon(cause)
         return -self.lateness(cause, other) <= delay <= self.horizon(cause)
 
     def lateness(self, cause: Node, other: Node) -> float:

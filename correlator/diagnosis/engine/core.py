@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from correlator.diagnosis.engine.causality import LATE_DEATH_S, Causality, Node, tier
@@ -29,7 +30,14 @@ from correlator.diagnosis.engine.identity import (
     named_by_reports,
 )
 from correlator.diagnosis.engine.incident import Choice, IncidentBuilder, incident_id
-from correlator.diagnosis.engine.keys import is_anonymous, process_key, sort_key, time_of, who_of_key
+from correlator.diagnosis.engine.keys import (
+    has_own_time,
+    is_anonymous,
+    process_key,
+    sort_key,
+    time_of,
+    who_of_key,
+)
 from correlator.diagnosis.engine.progress import (
     Suspect,
     hang_suspect,
@@ -50,11 +58,24 @@ from correlator.diagnosis.rules import GENERIC_CLASSES, HINT_TAG, Rule, RuleSet
 
 SAME_PROCESS_RECOVERY_S = 1.0  # a progress line this long after a failure, from the same process
 ANONYMOUS_RECOVERY_S = 60.0  # the same, when neither line names its process (other ranks' steps in flight)
+AFTER_COMPLETION_S = 600.0  # a failure this long after training completed is not the job's (a final save is quicker)
 TRACEBACK_S = 60.0  # lines of one traceback on one process
 MAX_RECOVERED_PER_WINDOW = 3
 # Consequences a rank reports while it waits for a peer (or loses it): the rank that reports none of them while
 # every other does is the one they waited for.
 WAITING_CLASSES = frozenset({"nccl_timeout", "nccl_error", "straggler_hang"})
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What one diagnosis reads the job's state through: its identity resolved, its clock, each process's first
+    consequences and latest progress under the engine's names for them."""
+
+    state: JobState
+    resolver: IdentityResolver
+    timeline: Timeline
+    onsets: dict[str, list[tuple[int, Onset]]]
+    progress: dict[str, Mark]
 
 
 class Engine:
@@ -102,15 +123,14 @@ class Engine:
             by_attempt[s.attempt or 0][0].append(s)
         for node in aggregates:
             by_attempt[node.attempt][1].append(node)
-        onsets = first_consequences(state, resolver)
-        progress = resolved_progress(state, resolver)
+        view = JobView(state, resolver, timeline, first_consequences(state, resolver),
+                       resolved_progress(state, resolver))
         incidents: list[Incident] = []
         for attempt in sorted(by_attempt):
             attempt_signals, attempt_aggregates = by_attempt[attempt]
             for window, window_aggregates in self._windows(attempt_signals, attempt_aggregates, timeline):
-                incidents.extend(self._window_incidents(state, onsets, progress, attempt, window, window_aggregates,
-                                                        timeline, now_t, earlier))
-        incidents = _distinct_ids(state.job_id, incidents)
+                incidents.extend(self._window_incidents(view, attempt, window, window_aggregates, now_t, earlier))
+        incidents = _survived_by_restart(state, _distinct_ids(state.job_id, incidents))
         incidents.sort(key=_primary_order)
         return incidents
 
@@ -140,40 +160,50 @@ class Engine:
     def _windows(
         self, signals: Sequence[Signal], aggregates: Sequence[Node], timeline: Timeline
     ) -> list[tuple[list[Signal], list[Node]]]:
+        """The attempt's failures cut where nothing failed for `window_gap_s`. Only failures with a time of their
+        own cut and hold windows; a line whose time is borrowed from an earlier line (a lower bound: it happened
+        then or later) joins the first window that had not ended by then, and an untimed line the last."""
         # (time, order), then signals before aggregates at the same key
         events: list[tuple[tuple[float, int], int, Signal | Node]] = [(timeline.key(s), 0, s) for s in signals]
         events += [(node.key(), 1, node) for node in aggregates]
         events.sort(key=lambda e: (e[0], e[1]))
         windows: list[tuple[list[Signal], list[Node]]] = [([], [])]
-        last_t: float | None = None
+        ends: list[float | None] = [None]
+        borrowed: list[tuple[float, Signal]] = []
         for (t, _order), _kind, item in events:
-            timed = t != float("inf")
             is_match = isinstance(item, Node) or item.kind == "match"
+            if isinstance(item, Signal) and t != float("inf") and not has_own_time(item):
+                borrowed.append((t, item))
+                continue
+            timed = t != float("inf")
+            last_t = ends[-1]
             if timed and last_t is not None and t - last_t > self.window_gap_s and is_match:
                 windows.append(([], []))
+                ends.append(None)
             if isinstance(item, Node):
                 windows[-1][1].append(item)
             else:
                 windows[-1][0].append(item)
             if timed and is_match:
                 end = item.t_last if isinstance(item, Node) and item.t_last is not None else t
-                last_t = max(last_t or end, end)
+                ends[-1] = max(last_t or end, end)
+        for t, signal in borrowed:
+            at = next((i for i, end in enumerate(ends) if end is None or end >= t), len(windows) - 1)
+            windows[at][0].append(signal)
         return [w for w in windows if w[0] or w[1]]
 
     # --- one window ---------------------------------------------------------------------
 
     def _window_incidents(
         self,
-        state: JobState,
-        onsets: dict[str, list[tuple[int, Onset]]],
-        progress: dict[str, Mark],
+        view: JobView,
         attempt: int,
         window: Sequence[Signal],
         aggregates: Sequence[Node],
-        timeline: Timeline,
         now_t: float | None,
         earlier: Sequence[Signal] = (),
     ) -> list[Incident]:
+        state, timeline = view.state, view.timeline
         resolved = resolve_sequence_absence_metric(self.rules, window, timeline, now_t, earlier)
         matches = [s for s in resolved if s.class_]
         nodes = [Node(s, timeline.t(s), attempt) for s in matches] + list(aggregates)
@@ -181,10 +211,10 @@ class Engine:
             return []
         groups = {k.split(":", 1)[1]: g for k, g in state.groups.items() if k.split(":", 1)[0] == str(attempt)}
         causality = Causality(self.rules, self.roles, self._timeout_s(groups), _tolerance(timeline.clock))
-        causality.demote_spread_fabric_errors(nodes)
         recovered = {id(n): reason for n in nodes
-                     if (reason := self._recovery(n, state, progress, timeline, attempt))}
-        fallen = victims(nodes, onsets)
+                     if (reason := self._recovery(n, state, view.progress, attempt))}
+        fallen = victims(nodes, view.onsets)
+        causality.demote_spread_fabric_errors([n for n in nodes if id(n) not in recovered and id(n) not in fallen])
         explainers = [n for n in nodes if id(n) not in recovered and id(n) not in fallen and causality.can_explain(n)]
         explained = causality.explained_by(nodes, explainers)
         candidates = [
@@ -194,7 +224,7 @@ class Engine:
         ]
         pool = [c for c in candidates if not causality.after_the_cascade(c, nodes)]
         pool = _specific_over_generic(pool, self.rules)
-        reports = _failure_reports(nodes, self.tags)
+        reports = [fill_identity(r, view.resolver) for r in _failure_reports(nodes, self.tags)]
         live = [n for n in nodes if id(n) not in recovered]
         incidents: list[Incident] = []
         if pool:
@@ -247,7 +277,8 @@ class Engine:
     ) -> Choice:
         """Only consequences were logged: the class they show (the one nothing else present explains, e.g.
         an NCCL remote error rather than the timeouts it caused) and the suspect collective progress names."""
-        shown = [n for n in nodes if explained[id(n)] is None] or nodes
+        failed = [n for n in nodes if n.signal.severity != "info"] or nodes  # a note is never the class shown
+        shown = [n for n in failed if explained[id(n)] is None] or failed
         top = max(tier(causality.confidence(n)) for n in shown)
         primary = min((n for n in shown if tier(causality.confidence(n)) == top), key=Node.key)
         suspect: Suspect | None = mismatch_suspect(groups) or hang_suspect(groups, world_size)
@@ -285,19 +316,23 @@ class Engine:
 
     # --- recovery -----------------------------------------------------------------------
 
-    def _recovery(self, node: Node, state: JobState, progress_of: dict[str, Mark], timeline: Timeline,
-                  attempt: int) -> str:
+    def _recovery(self, node: Node, state: JobState, progress_of: dict[str, Mark], attempt: int) -> str:
         """Why the job went on after this failure ('' when it did not): the same process logged progress
         later in the same attempt, or training completed."""
         s = node.signal
         if node.aggregate is not None or self.roles.get(s.rule_id) == "collateral" or node.cls in self.silent:
             return ""
-        if _restarted_after(state, s):
-            return ""  # the attempt ended in a restart: whatever failed in it was not survived
         raw = time_of(s)
         for done in state.completions:
-            if done.after(raw, s.file, s.order) and state.attempt_at(done.t, s.host, done.file, done.order) == attempt:
-                return "training completed after it"
+            done_attempt = state.attempt_of_mark(done, s.host)
+            if raw is not None and done.t is not None and raw - done.t > AFTER_COMPLETION_S and done_attempt == attempt:
+                return f"it came {(raw - done.t) / 60:.0f} min after training completed: not the job's failure"
+            if done.after(raw, s.file, s.order) and done_attempt >= attempt:
+                # the job finished: a failure before it was survived, by the process or by a restart
+                later = done_attempt > attempt
+                return "the job restarted and training completed after it" if later else "training completed after it"
+        if _restarted_after(state, s):
+            return ""  # the attempt ended in a restart the job did not complete after: not survived
         key = process_key(s)
         progress = progress_of.get(key)
         if progress is None:
@@ -356,6 +391,21 @@ def most_accused(primary: Node, nodes: Sequence[Node]) -> Node:
         first.setdefault(s.rank, n)
     best = max(votes, key=lambda rank: (len(votes[rank]), -first[rank].key()[0], -first[rank].order))
     return first[best] if len(votes[best]) > len(votes.get(primary.signal.rank, ())) else primary
+
+
+def _survived_by_restart(state: JobState, incidents: list[Incident]) -> list[Incident]:
+    """Failures of an attempt that the job restarted from and then completed were survived (the restart is how
+    it survived them): they are recovered warnings, whatever they were."""
+    finished = [state.attempt_of_mark(done) for done in state.completions]
+    last = max(finished, default=-1)
+    return [
+        incident.model_copy(update={
+            "recovered": True, "severity": "low",
+            "confidence_reason": incident.confidence_reason
+            + f"; the job restarted (attempt {last}) and training completed: survived"})
+        if incident.attempt < last and not incident.recovered else incident
+        for incident in incidents
+    ]
 
 
 def _distinct_ids(job_id: str, incidents: list[Incident]) -> list[Incident]:

@@ -25,6 +25,7 @@ from correlator.diagnosis.engine.keys import has_own_time, node_of, pg_of, proce
 from correlator.diagnosis.engine.rankset import RankSet
 from correlator.diagnosis.models import Signal
 from correlator.diagnosis.signals import DEFAULT_GROUPS, REPORT
+from ingest.prefixes import identity_from_path
 
 MAX_PROCESSES = 8192  # identity and progress entries
 MAX_ANCHORS = 16
@@ -34,6 +35,7 @@ MAX_PROCESS_GROUPS = 2048  # a 4,096-rank job with tensor-parallel groups of 8 h
 MAX_RESTARTS = 256
 RESTART_CLUSTER_S = 120.0  # every agent of one restart logs it within this long
 RELAUNCH_MIN_S = 60.0  # a process's default group created again this long after the first time: a new run
+INFERRED_RESTART_AFTER_S = 0.001  # a restart inferred from a worker-failed report starts just after the report
 
 
 class CounterValues(BaseModel):
@@ -192,6 +194,11 @@ class JobFacts(BaseModel):
             return signal.attempt
         return self.attempt_at(time_of(signal), signal.host, signal.file, signal.order)
 
+    def attempt_of_mark(self, mark: Mark, host: str | None = None) -> int:
+        """A line's attempt: its file's own (torchrun's --log-dir `attempt_N/`), else by the restarts."""
+        attempt = identity_from_path(mark.file).get("attempt") if mark.file else None
+        return attempt if isinstance(attempt, int) else self.attempt_at(mark.t, host, mark.file, mark.order)
+
     def attempt_at(self, t: float | None, host: str | None = None, file: str | None = None,
                    order: int | None = None) -> int:
         attempt = 0
@@ -318,7 +325,10 @@ class JobFacts(BaseModel):
         if any(r.file == failure.file and r.order == failure.order for r in self.restarts):
             return False
         reporter = signal.model_copy(update={"file": failure.file, "order": failure.order})
-        return self._note_restart(failure.t, None, reporter, inferred=True)
+        # The report ends the failed attempt: the next one starts just after it (`Restart.before` counts a line at
+        # the restart's own time as after it).
+        start = failure.t + INFERRED_RESTART_AFTER_S if failure.t is not None else None
+        return self._note_restart(start, None, reporter, inferred=True)
 
     def _note_onset(self, signal: Signal) -> bool:
         key = process_key(signal)

@@ -39,6 +39,16 @@ class IdentityResolver:
         self.bases: dict[str, int] = {}
         self.guessed: set[str] = set()
         self._place_nodes()
+        self._hosts_of: dict[int, set[str]] = {}
+        for key, rank in facts.identity.items():
+            node = key.rpartition("|")[0]
+            if node and not node.startswith("f:") and key not in facts.conflicts:
+                self._hosts_of.setdefault(rank, set()).add(node)
+
+    def host_of(self, rank: int) -> str | None:
+        """The host a global rank ran on, when a line tied it to one (one host only)."""
+        hosts = self._hosts_of.get(rank)
+        return next(iter(hosts)) if hosts is not None and len(hosts) == 1 else None
 
     def rank_of(self, node: str, local: int | None, pid: int | None) -> int | None:
         facts = self.facts
@@ -121,11 +131,16 @@ def _natural(name: str) -> tuple[object, ...]:
 def fill_identity(signal: Signal, resolver: IdentityResolver) -> Signal:
     """The signal with its global rank when its line names only a local rank, a pid or a GPU on its node, and
     the job's identity tables place it (`IdentityResolver`; a kernel Xid line's bus id through NCCL's init
-    lines)."""
+    lines); and with its host when it names a rank that a line tied to one host."""
     if signal.rank is not None:
+        if signal.host is None and (host := resolver.host_of(signal.rank)) is not None:
+            return signal.model_copy(update={"host": host})
         return signal
     node = node_of(signal)
-    rank = resolver.rank_of(node, signal.local_rank, signal.pid)
+    local = signal.local_rank
+    if local is None and signal.gpu is not None and signal.gpu.isdigit():
+        local = int(signal.gpu)  # a device index: torchrun and the DeepSpeed launcher give local rank N device N
+    rank = resolver.rank_of(node, local, signal.pid)
     if rank is None and signal.host and signal.gpu and ":" in signal.gpu:
         rank = resolver.facts.identity.get(f"{node}|b{normalize_bus_id(signal.gpu)}")
     return signal if rank is None else signal.model_copy(update={"rank": rank})
@@ -147,7 +162,7 @@ def is_failure_report(signal: Signal, tags: frozenset[str] = frozenset()) -> boo
 def named_by_reports(primary: Signal, reports: Sequence[Signal]) -> tuple[Signal, str]:
     """The primary with who-fields filled from the launchers' reports, when they name exactly one process
     consistent with what the primary says; and a note for the incident's reason ('' if nothing was used)."""
-    if primary.rank is not None and primary.host is not None:
+    if all(getattr(primary, f) is not None for f in WHO if f != "gpu"):
         return primary, ""
     consistent = [r for r in reports if r is not primary and _consistent(primary, r)]
     if not consistent or not all(_consistent(a, b) for a in consistent for b in consistent):

@@ -33,6 +33,11 @@ class Options:
     restart_rank: int | None = None
     herrings: bool = False  # corrected PCIe AER lines, a survived exception, a late unrelated Xid
     cause_late: bool = False  # the cause's timestamped lines reach their file after the collateral
+    # a second rank, on a host far from the initiator's, fails the same way 1-2 s after it, and the initiator's
+    # host clock runs ahead of that host's by more than the gap: its lines look later than the echo's, so only
+    # the correction of clock skew names the initiator (a crash story's; the suite uses it where the cause's
+    # lines carry their own time)
+    skewed_echo: bool = False
     timeout_s: float = 600.0
 
 
@@ -93,6 +98,8 @@ class Scenario:
         # set by stories: the initiator's own collective (a mismatch), a desync report on rank 0
         self.odd_collective: tuple[str, int] | None = None
         self.desync_report = False
+        self.echo: Process | None = None  # options.skewed_echo: the second rank that fails the same way
+        self.echo_t = 0.0
         self._cause = False
         self.host_level = False
 
@@ -282,6 +289,8 @@ class Scenario:
         fail_t = t + 0.4 + self.jitter(0.3)
         self.failure_t = fail_t
         outcome = self.cause_outcome(fail_t, init)
+        if self.options.skewed_echo and mode == "crash":
+            self.skewed_echo(fail_t)
         if mode == "continue":
             self.chatter(fail_t, 8)
             return
@@ -292,6 +301,21 @@ class Scenario:
         self.collateral(enqueue_t, early=early, fail_t=fail_t, exitcode=outcome.exitcode)
 
     outcome_code = 1
+
+    def skewed_echo(self, fail_t: float) -> None:
+        """A second rank fails the same way `gap` (1-2 s) after the initiator, on the host half the job away
+        (neither the initiator's nor a ring neighbour's, so it sees no consequence first), and the initiator's
+        host clock runs 1.5-2.5 s more ahead of that host's than the gap: read as written, the echo is first."""
+        init = self.initiator
+        if len(self.hosts) < 4:
+            return
+        host = self.hosts[(init.host_index + len(self.hosts) // 2) % len(self.hosts)]
+        echo = host.procs[init.local_rank % len(host.procs)]
+        gap = self.rng.uniform(1.0, 2.0)
+        host.skew = round(-self.rng.uniform(1.0, 2.0), 3)
+        self.host_of(init).skew = round(host.skew + gap + self.rng.uniform(1.5, 2.5), 3)
+        self.echo, self.echo_t = echo, fail_t + gap
+        self.story_on(self.story, self.echo_t, echo)
 
     def cause_outcome(self, t: float, p: Process) -> Outcome:
         self._cause = True
@@ -353,13 +377,17 @@ class Scenario:
                 err_t = exit_t + 0.25 + self.jitter(0.4)
                 self.remote_error(err_t, peer)
                 host_down[peer.host_index] = (err_t + 0.3 + self.jitter(0.2), peer, -6)
+            echo = self.echo
+            if echo is not None and echo.host_index not in host_down:  # its process is gone at once too
+                host_down[echo.host_index] = (self.echo_t + 0.8 + self.jitter(0.3), echo, exitcode)
         tp = self.options.tp_size
         for host in self.hosts:
             if host.index in host_down:
                 t, first, code = host_down[host.index]
                 self.teardown(host, t, [(first, code)], sigterm=[p for p in host.procs if p is not first])
                 continue
-            victims = [p for p in host.procs if p is not init or self.odd_collective is not None]
+            victims = [p for p in host.procs
+                       if (p is not init or self.odd_collective is not None) and p is not self.echo]
             for p in victims:
                 when = timeout_t + self.jitter(0.04)
                 if p is init and self.odd_collective is not None:

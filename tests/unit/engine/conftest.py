@@ -42,6 +42,9 @@ class JobBuilder:
         self.hosts = [f"gpu-node-{h:02d}" for h in range(hosts)]
         self.skew = {h: self.rng.uniform(-skew_s, skew_s) for h in self.hosts}
         self.events: list[LogEvent] = []
+        # A streaming forwarder (Fluent Bit, Vector) stamps each line when it reads it, on its own clock (NTP
+        # synced): set to the seconds a line takes to reach it, and every event carries that receive time.
+        self.forwarder_delay_s: float | None = None
 
     def host_of(self, rank: int) -> str:
         return self.hosts[rank // self.per_host]
@@ -51,6 +54,9 @@ class JobBuilder:
         assert host is not None
         true_time = T0 + timedelta(seconds=at_s)
         seen_time = true_time + timedelta(seconds=self.skew[host])
+        received = None
+        if self.forwarder_delay_s is not None:
+            received = true_time + timedelta(seconds=self.forwarder_delay_s + self.rng.uniform(0, 0.05))
         self.events.append(
             LogEvent(
                 job_id="job-64",
@@ -59,12 +65,19 @@ class JobBuilder:
                 local_rank=None if rank is None else rank % self.per_host,
                 pid=None if rank is None else 40000 + rank,
                 ts=seen_time,
+                received_ts=received,
                 source="plain",
                 file=f"{host}.log",
                 offset=len(self.events),
                 line=line,
             )
         )
+
+    def emit_as(self, host: str, at_s: float, line: str, *, rank: int | None = None, local_rank: int | None = None,
+                pid: int | None = None) -> None:
+        """A line whose prefixes name exactly these (e.g. torchrun's `[default3]:` alone: a local rank, no rank)."""
+        self.emit(None, at_s, line, host=host)
+        self.events[-1] = self.events[-1].model_copy(update={"rank": rank, "local_rank": local_rank, "pid": pid})
 
     def init_lines(self, at_s: float = 0.0) -> None:
         for r in range(self.world):
@@ -139,9 +152,12 @@ class JobBuilder:
 
 
 def run(engine: Engine, extractor: SignalExtractor, events: list[LogEvent]) -> list:  # type: ignore[type-arg]
+    """The events in batches of 97, in the order given (shuffled: a stream after a rebalance). Each line keeps
+    its place in its file (its offset, as a forwarder sends it): the engine reads a file's order as the order
+    its lines were written, so the place must not depend on the batch a line arrived in."""
     state = JobState(job_id="job-64")
     for batch_start in range(0, len(events), 97):
-        state.add_all(extractor.from_events(events[batch_start : batch_start + 97], order_base=batch_start))
+        state.add_all(extractor.from_events(events[batch_start : batch_start + 97]))
     return engine.diagnose(state)
 
 

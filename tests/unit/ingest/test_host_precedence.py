@@ -86,8 +86,14 @@ def test_a_shipped_lines_own_host_wins_over_the_shippers(shipper_host: str) -> N
     assert events[2].rank == 37
 
 
-def test_an_application_line_with_an_iso_time_and_a_level_is_not_a_syslog_line_from_a_host() -> None:
-    line = "2026-12-04T21:23:50.666231+00:00 WARNING torch.distributed.run: boom"
+@pytest.mark.parametrize("line", [
+    "2026-12-04T21:23:50.666231+00:00 WARNING torch.distributed.run: boom",
+    # python logging's default format behind a container runtime's time: not a host called ERROR:torch...
+    "2023-05-26T10:34:25.011962890Z ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 4",
+    # glog's header behind a container runtime's time: not a host called W0806 with a tag '14'
+    "2024-08-06T14:14:18.685923Z W0806 14:14:18.685921 1397 torch/distributed/elastic/multiprocessing/api.py:850] x",
+])
+def test_an_application_line_with_an_iso_time_and_a_level_is_not_a_syslog_line_from_a_host(line: str) -> None:
     [event] = [to_event(r) for r in decode_value(encode_batch([(None, None, line)], job_id="j", host="node07"))]
     assert event.host == "node07"
     [plain] = decode_value(line.encode())

@@ -71,6 +71,13 @@ GOLDEN: list[tuple[str, Identity]] = [
      Identity(text='  File "/opt/train.py", line 3, in <module>', host="ip-10-0-1-23")),
     ("10.0.0.5: [rank2]: ValueError: bad", Identity(text="ValueError: bad", rank=2, host="10.0.0.5")),
     ("localhost: [default0]:hello", Identity(text="hello", local_rank=0, host="localhost")),
+    # a log aggregator's host and a space, in front of a line with a prefix of its own
+    ("compute-19-9 [rank935]: RuntimeError: boom", Identity(text="RuntimeError: boom", rank=935, host="compute-19-9")),
+    (
+        "compute-23-5 W0520 21:56:57.766000 376613 torch/distributed/elastic/multiprocessing/api.py:900] Sending",
+        Identity(text="Sending", pid=376613, host="compute-23-5", severity="warning",
+                 ts=utc(2025, 5, 20, 21, 56, 57, 766000)),
+    ),
     # a relaying launcher's stream label
     ("stderr: [rank1]: KeyError: 'label'", Identity(text="KeyError: 'label'", rank=1)),
     # a host and slot in brackets
@@ -380,6 +387,7 @@ NOT_PREFIXES = [
     "utf-8: decode error",
     "RuntimeError: Connection closed by peer",
     "Note: training resumed",
+    "epoch3 [rank1]: took 4 s",  # a word a program prints, with a digit, is not a host
     "",
 ]
 
@@ -491,3 +499,6 @@ def test_machines_among_log_paths_are_names_shaped_like_hosts_that_differ_in_the
     assert hosts == {"gpu-a100-0137", "gpu-a100-0138", "ip-10-1-3-77", "ip-10-1-3-78"}
     assert identity_from_path("/logs/ip-10-1-3-77/rank37.out", hosts) == {"host": "ip-10-1-3-77", "rank": 37}
     assert identity_from_path("/cases/sigabrt-run-2/console.log", hosts) == {}
+    # a log-kind word around the host's name is not part of it
+    kern = hosts_among(["/job/dmesg/dmesg-node208.txt", "/job/dmesg/dmesg-node209.txt"])
+    assert identity_from_path("/job/dmesg/dmesg-node208.txt", kern) == {"host": "node208"}
