@@ -200,8 +200,9 @@ def _host_names(rng: random.Random, n: int, gpu: str) -> tuple[list[str], list[s
     return names, ips, scheme
 
 
-def make_job(rng: random.Random, world: int, index: int) -> Job:
-    torch_v = rng.choice(TORCH_VERSIONS)
+def make_job(rng: random.Random, world: int, index: int, torch_v: str | None = None,
+             start: float | None = None) -> Job:
+    torch_v = torch_v or rng.choice(TORCH_VERSIONS)
     nccl, cuda, lo, hi = _ERAS[torch_v]
     if torch_v == "2.1" and rng.random() < 0.5:
         nccl = "2.18.6"
@@ -215,6 +216,8 @@ def make_job(rng: random.Random, world: int, index: int) -> Job:
     if rng.random() < 0.35:
         rng.shuffle(order)
     t0 = float(rng.randint(lo, hi - 2 * _DAY)) + rng.random()
+    if start is not None:  # pinned: all jobs start within a day of `start`
+        t0 = start + rng.uniform(0, _DAY)
     tz = rng.choice([0, 0, 0, -7, -5, 1, 8, 9])
     hosts: list[Host] = []
     skewed = set(rng.sample(range(n_hosts), k=min(n_hosts, rng.randint(1, 6))))

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from lab.synth import formats as F
 from lab.synth import layouts
-from lab.synth.cluster import Host, Job, make_job
+from lab.synth.cluster import TORCH_VERSIONS, Host, Job, make_job
 from lab.synth.sim import Profile, Sim
-from lab.synth.stories import HERRINGS, RESTARTABLE, STORIES, Label, make_ctx, rh_overflow
+from lab.synth.stories import HERRINGS, RESTARTABLE, STORIES, Label, make_ctx, pick_culprit, rh_overflow
 
 DEFAULT_MIX = {512: 16, 1024: 12, 2048: 8, 4096: 4}
 
@@ -22,13 +22,17 @@ def _weighted(rng: random.Random, items: dict[str, float]) -> str:
     return rng.choices(list(items), weights=list(items.values()))[0]
 
 
-def make_profile(rng: random.Random, job: Job) -> Profile:
-    launcher = _weighted(rng, {"torchrun": 0.34, "srun": 0.28, "deepspeed": 0.12, "k8s": 0.16, "mpirun": 0.10})
-    per_node = launcher == "srun" and rng.random() < 0.55
+def make_profile(rng: random.Random, job: Job, layout: str | None = None) -> Profile:
+    weights = {"torchrun": 0.34, "srun": 0.28, "deepspeed": 0.12, "k8s": 0.16, "mpirun": 0.10}
+    if layout:
+        weights = {k: v for k, v in weights.items() if k in layouts.LAYOUTS[layout] or
+                   (layout == "host_console" and k == "srun")}
+    launcher = _weighted(rng, weights)
+    per_node = launcher == "srun" and (rng.random() < 0.55 or layout == "host_console")
     options = [lay for lay, ls in layouts.LAYOUTS.items() if launcher in ls]
     if launcher == "srun" and per_node:
         options = ["slurm_single", "slurm_single", "host_console"]
-    layout = rng.choice(options)
+    layout = layout or rng.choice(options)
     if launcher == "deepspeed":
         framework = rng.choice(["deepspeed", "deepspeed", "hf"])
     else:
@@ -61,14 +65,16 @@ def _replace_host(job: Job, rng: random.Random, nr: int) -> None:
                          rng.uniform(2e4, 4e6), rng.randint(2000, 400000), old.pod)
 
 
-def generate_job(out: Path, index: int, world: int, seed: int) -> dict[str, object]:
+def generate_job(out: Path, index: int, world: int, seed: int, plan: tuple[str, str, str] | None = None,
+                 start: float | None = None) -> dict[str, object]:
+    """plan: (story, layout, torch version) to cover; drawn at random when None."""
     rng = random.Random(f"rootrank-synth:{seed}:{index}")
-    job = make_job(rng, world, index)
-    prof = make_profile(rng, job)
+    job = make_job(rng, world, index, plan[2] if plan else None, start)
+    prof = make_profile(rng, job, plan[1] if plan else None)
     if prof.launcher == "k8s":
         for h in job.hosts:
             h.pod = f"{job.name}-{'master' if h.node_rank == 0 else 'worker'}-{max(0, h.node_rank - 1)}"
-    story = rng.choices(list(STORIES), weights=[v[1] for v in STORIES.values()])[0]
+    story = plan[0] if plan else rng.choices(list(STORIES), weights=[v[1] for v in STORIES.values()])[0]
     _fn, _, phase = STORIES[story]
     elastic = prof.launcher in ("torchrun", "k8s")
     mode = "none"
@@ -88,6 +94,17 @@ def generate_job(out: Path, index: int, world: int, seed: int) -> dict[str, obje
         layout_variant += "+" + ({"journal": "journal", "kern.log": "syslog"}.get(prof.kernel)
                                  or rng.choice(["kernel", "dmesg"]))
     sim = Sim(job, prof, rng)
+    # the culprit is chosen up front so its host's clock can be set: often it runs ahead, so the culprit's own
+    # lines carry stamps later than its victims' first reactions
+    pre = pick_culprit(sim)
+    skew_case = "random"
+    if rng.random() < 0.4:
+        job.host_of(pre).skew = rng.uniform(3.0, 15.0)
+        skew_case = "culprit_ahead"
+    elif rng.random() < 0.15:
+        job.host_of(pre).skew = -rng.uniform(3.0, 15.0)
+        skew_case = "culprit_behind"
+    sim.forced_culprit = pre
     step_time = rng.uniform(0.8, 9.0)
     log_every = rng.choice([1, 5, 10, 10, 20, 50])
     n_lines = rng.randint(25, 120)
@@ -102,7 +119,7 @@ def generate_job(out: Path, index: int, world: int, seed: int) -> dict[str, obje
     def attempt(story_name: str, t_start: float, restart: bool, force: int | None = None,
                 phase_: str = "step") -> tuple[Label, float]:
         fn_ = STORIES[story_name][0]
-        sim.forced_culprit = force
+        sim.forced_culprit = pre if force is None else force
         if phase_ == "load":
             t_fail = t_start + rng.uniform(60, 300)
             last = sim.run_normal(t_start, t_fail, step0, step_time, log_every, 0, resume=True)
@@ -118,7 +135,7 @@ def generate_job(out: Path, index: int, world: int, seed: int) -> dict[str, obje
     t_fail_main = t
     if mode == "repeat":
         prof.max_restarts = rng.choice([1, 2, 3])
-        force = None
+        force = pre
         for a in range(prof.max_restarts + 1):
             sim.attempt = a
             last_attempt = a == prof.max_restarts
@@ -129,7 +146,7 @@ def generate_job(out: Path, index: int, world: int, seed: int) -> dict[str, obje
     elif mode in ("recovered_first", "recovered_job"):
         prof.max_restarts = 1 if mode == "recovered_first" else 3
         first_story = rng.choice(sorted(RESTARTABLE))
-        _, end = attempt(first_story, t, restart=True)
+        _, end = attempt(first_story, t, restart=True, force=rng.randrange(job.world))
         herring.append(f"recovered:{first_story}:rank{sim.forced_culprit}")
         sim.attempt = 1
         t = end + rng.uniform(20, 90)
@@ -179,7 +196,7 @@ def generate_job(out: Path, index: int, world: int, seed: int) -> dict[str, obje
         "initiator": label.initiator, "also_ok": label.also_ok, "mode": mode, "layout": prof.layout,
         "variant": layout_variant, "profile": asdict(prof), "herrings": herring, "lines": n_lines_written,
         "skews": {h.name: round(h.skew, 3) for h in job.hosts if abs(h.skew) > 1},
-        "culprit_host_skew": _culprit_skew(job, label),
+        "culprit_host_skew": _culprit_skew(job, label), "skew_case": skew_case,
         "hosts": [h.name for h in job.hosts], "summaries": sim.summaries[:20],
     }
     return {"label": label, "truth": truth, "mode": mode}
@@ -195,7 +212,7 @@ def _culprit_skew(job: Job, label: Label) -> float | None:
 def _finish(sim: Sim, t: float, step: int) -> None:
     job, prof = sim.job, sim.prof
     sim.app(0, t, "INFO", f"Training completed at step {step}. Saving final model.")
-    if prof.launcher in ("torchrun", "k8s"):
+    if prof.launcher in ("torchrun", "k8s") and prof.agent_info:
         for h in job.hosts:
             sim.agent(h, t + 30, [F.elastic(job, h, t + 30, "I", F.AGENT_API, 725, f"[{prof.role}] worker group "
                                             "successfully finished. Waiting 300 seconds for other agents to finish."),
@@ -217,14 +234,34 @@ def sizes_for(n: int, ranks: list[int]) -> list[int]:
     return [ranks[i % len(ranks)] for i in range(n)]
 
 
-def generate(out: Path, jobs: int, seed: int, ranks: list[int], quiet: bool = False) -> list[dict[str, object]]:
+def coverage_plan(n: int, seed: int) -> list[tuple[str, str, str]]:
+    """Stories, layouts and torch versions dealt out in shuffled rounds, so a small set still covers them all."""
+    rng = random.Random(f"rootrank-synth-plan:{seed}")
+
+    def deal(items: list[str]) -> list[str]:
+        out: list[str] = []
+        while len(out) < n:
+            batch = items[:]
+            rng.shuffle(batch)
+            out += batch
+        return out[:n]
+
+    stories = deal(list(STORIES))
+    lays = deal(list(layouts.LAYOUTS))
+    torches = deal(list(TORCH_VERSIONS))
+    return list(zip(stories, lays, torches, strict=True))
+
+
+def generate(out: Path, jobs: int, seed: int, ranks: list[int], quiet: bool = False,
+             start: float | None = None) -> list[dict[str, object]]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "truth").mkdir(exist_ok=True)
     results = []
     rows = ["file\tclass\talso_ok\tinitiator\tstrength\tmulti_rank\tsource_url"]
+    plans = coverage_plan(jobs, seed)
     for i, world in enumerate(sizes_for(jobs, ranks)):
         t0 = time.monotonic()
-        res = generate_job(out, i, world, seed)
+        res = generate_job(out, i, world, seed, plans[i], start)
         label: Label = res["label"]  # type: ignore[assignment]
         truth: dict[str, object] = res["truth"]  # type: ignore[assignment]
         truth["gen_seconds"] = round(time.monotonic() - t0, 2)

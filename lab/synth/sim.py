@@ -117,6 +117,9 @@ class Sim:
         job, prof, rng = self.job, self.prof, self.rng
         self.dead, self.host_down, self.srun_killed_at, self.summaries = {}, {}, None, []
         master = job.hosts[0]
+        if self.attempt > 0:  # restarted workers are new processes
+            shift = [rng.randint(900, 9000) for _ in job.hosts]
+            job.pids = [p + shift[i // job.gpn] for i, p in enumerate(job.pids)]
         # launcher start
         if prof.launcher in ("torchrun", "k8s"):
             for h in job.hosts:
