@@ -217,7 +217,7 @@ def make_job(rng: random.Random, world: int, index: int, torch_v: str | None = N
         rng.shuffle(order)
     t0 = float(rng.randint(lo, hi - 2 * _DAY)) + rng.random()
     if start is not None:  # pinned: all jobs start within a day of `start`
-        t0 = start + rng.uniform(0, _DAY)
+        t0 = start + (t0 - lo) % _DAY  # no extra draw: the same jobs as without --start-date, other dates
     tz = rng.choice([0, 0, 0, -7, -5, 1, 8, 9])
     hosts: list[Host] = []
     skewed = set(rng.sample(range(n_hosts), k=min(n_hosts, rng.randint(1, 6))))
