@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install sysdeps test unit demo bench fuzz lint ruff typecheck lint-imports deadcode corpus-score clean lab lab-install lab-score
+.PHONY: install sysdeps test unit demo bench fuzz lint ruff typecheck lint-imports deadcode corpus-score clean lab lab-install lab-score lab-synth
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,8 +78,17 @@ lab: lab-install
 	$(PY) -m lab run $(LAB_ARGS) $(if $(LAB_FORCE),--force,)
 	$(PY) -m lab score $(LAB_ARGS)
 
-lab-score: install
+lab-score: $(STAMP)
 	$(PY) -m lab score $(LAB_ARGS)
+
+# The outside test: an independent generator of large synthetic jobs (lab/synth, not built from the rules
+# or the simulator), then rootrank scored on them. Not part of `make test` (minutes, not seconds).
+SYNTH_OUT ?= /tmp/rootrank-synth
+SYNTH_JOBS ?= 40
+SYNTH_SEED ?= 1
+lab-synth: $(STAMP)
+	$(PY) -m lab.synth --out $(SYNTH_OUT) --jobs $(SYNTH_JOBS) --seed $(SYNTH_SEED) --quiet
+	$(PY) -m lab.synth.score $(SYNTH_OUT)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
