@@ -16,7 +16,7 @@ How the initiator is found (README, "How the initiator is chosen"):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -44,6 +44,8 @@ from correlator.diagnosis.engine.progress import (
     inferred_missing,
     mismatch_suspect,
     missing_reporter,
+    unnamed_groups,
+    with_unnamed,
 )
 from correlator.diagnosis.engine.sequence_absence_metric import (
     progress_order,
@@ -240,7 +242,9 @@ class Engine:
             choice = Choice(primary=primary, signal=signal, identity_note=note)
             incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
         elif live and any(SEVERITY_RANK.get(n.signal.severity, 2) > 1 for n in live):
-            choice = self._victim_choice(live, explained, causality, groups, state.world_size, reports, state.ranks_seen)
+            groups_seen = with_unnamed(groups, unnamed_groups(state.unnamed, attempt))
+            choice = self._victim_choice(live, explained, causality, groups_seen, state.world_size, reports,
+                                         state.ranks_seen, timeline.clock.correct, fallen)
             incidents.append(self.builder.build(state, attempt, nodes, explained, causality, choice, timeline))
         incidents.extend(self._recovered_incidents(state, attempt, nodes, recovered, causality, timeline))
         return incidents
@@ -274,14 +278,19 @@ class Engine:
         world_size: int | None,
         reports: list[Signal],
         known_ranks: Iterable[int] = (),
+        correct: Callable[[float | None, str | None], float | None] = lambda t, _host: t,
+        fallen: Mapping[int, object] | None = None,
     ) -> Choice:
         """Only consequences were logged: the class they show (the one nothing else present explains, e.g.
         an NCCL remote error rather than the timeouts it caused) and the suspect collective progress names."""
         failed = [n for n in nodes if n.signal.severity != "info"] or nodes  # a note is never the class shown
-        shown = [n for n in failed if explained[id(n)] is None] or failed
+        # a victim's own failure came after the consequence its process logged: downstream, not the class shown
+        fallen = fallen or {}
+        shown = ([n for n in failed if explained[id(n)] is None and id(n) not in fallen]
+                 or [n for n in failed if explained[id(n)] is None] or failed)
         top = max(tier(causality.confidence(n)) for n in shown)
         primary = min((n for n in shown if tier(causality.confidence(n)) == top), key=Node.key)
-        suspect: Suspect | None = mismatch_suspect(groups) or hang_suspect(groups, world_size)
+        suspect: Suspect | None = mismatch_suspect(groups) or hang_suspect(groups, world_size, correct)
         if suspect is None:
             reporters: set[int] = set()
             for n in nodes:
@@ -344,7 +353,8 @@ class Engine:
         if progress.after(raw, s.file, s.order, margin):
             who = "the job" if anonymous else "the same process"
             when = f" {progress.t - raw:.0f} s" if progress.t is not None and raw is not None else ""
-            return f"{who} logged progress{when} after it"
+            went_on = "logged progress" if anonymous else "went on (logged progress, or entered a collective)"
+            return f"{who} {went_on}{when} after it"
         return ""
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from correlator.diagnosis.engine.keys import has_own_time, node_of, pg_of, process_key, time_of
+from correlator.diagnosis.engine.keys import has_own_time, is_anonymous, node_of, pg_of, process_key, time_of
 from correlator.diagnosis.engine.rankset import RankSet
 from correlator.diagnosis.models import Signal
 from correlator.diagnosis.signals import DEFAULT_GROUPS, REPORT
@@ -31,6 +31,7 @@ MAX_PROCESSES = 8192  # identity and progress entries
 MAX_ANCHORS = 16
 MAX_HOSTS_PER_ANCHOR = 1024
 MAX_VALUES_PER_COUNTER = 32
+MAX_UNNAMED_COLLECTIVES = 64  # failed collectives of groups no line names (each holds a report per rank)
 MAX_PROCESS_GROUPS = 2048  # a 4,096-rank job with tensor-parallel groups of 8 has 513 per attempt
 MAX_RESTARTS = 256
 RESTART_CLUSTER_S = 120.0  # every agent of one restart logs it within this long
@@ -82,7 +83,45 @@ class GroupProgress(BaseModel):
     collectives: dict[str, RankSet] = Field(default_factory=dict)
     timeout_ms: int | None = None
     first_ts: float | None = None
+    # host -> its first report, on its own clock (the earliest hosts only): which group reported first is
+    # decided on the corrected clock, not by a host whose clock runs ahead
+    first_by_host: dict[str, float] = Field(default_factory=dict)
     global_of: dict[str, int] = Field(default_factory=dict)  # rank within the group -> global rank
+
+    def note_report(self, t: float, host: str | None) -> None:
+        self.first_ts = t if self.first_ts is None else min(self.first_ts, t)
+        note_first(self.first_by_host, host or "", t)
+
+
+FIRST_HOSTS_KEPT = 64
+
+
+def note_first(first_by_host: dict[str, float], host: str, t: float) -> None:
+    """Keep each host's earliest time, for the FIRST_HOSTS_KEPT hosts whose earliest times are the smallest."""
+    known = first_by_host.get(host)
+    if known is not None:
+        if t < known:
+            first_by_host[host] = t
+        return
+    if len(first_by_host) < FIRST_HOSTS_KEPT:
+        first_by_host[host] = t
+        return
+    latest = max(first_by_host, key=first_by_host.__getitem__)
+    if t < first_by_host[latest]:
+        del first_by_host[latest]
+        first_by_host[host] = t
+
+
+class UnnamedCollective(BaseModel):
+    """One failed collective (SeqNum, OpType, element counts) as reported by watchdog lines that name no process
+    group but give the writer's rank within it (`[rank485]:... [Rank 1] Watchdog caught ...`, torch < 2.3):
+    global rank -> (its rank within the group, the report's time, its host). Which group it was is inferred
+    later."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    reports: dict[int, tuple[int, float | None, str]] = Field(default_factory=dict)
+    timeout_ms: int | None = None
 
 
 class Mark(BaseModel):
@@ -140,10 +179,14 @@ class Onset:
         return cls(time_of(signal) if has_own_time(signal) else None, signal.file, signal.order)
 
     def before(self, other: Onset) -> bool:
-        """Surely earlier: in the same file above it, or by both lines' own times."""
+        """Surely earlier: by both lines' own times (one process's lines read one host's clock), else in the same
+        file above it. Own times win over a file's order: a traceback flushed after the launcher's teardown
+        line in the same console was still written before it."""
+        if self.t is not None and other.t is not None and self.t != other.t:
+            return self.t < other.t
         if self.file is not None and self.file == other.file:
             return self.order < other.order
-        return self.t is not None and other.t is not None and self.t < other.t
+        return False
 
 
 # An onset as stored: (time, index of its file in `onset_files`, order); a process keeps its first and latest.
@@ -156,6 +199,8 @@ class JobFacts(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     groups: dict[str, GroupProgress] = Field(default_factory=dict)
+    # "attempt:seq|op|numel_in|numel_out" -> its reports, for watchdog lines that name no group (see progress.py)
+    unnamed: dict[str, UnnamedCollective] = Field(default_factory=dict)
     # "node|p<pid>" / "node|l<local>" / "node|b<bus>" -> rank; the node is the line's host, else its file's
     # (`keys.file_node`: a console, or a --log-dir tree)
     identity: dict[str, int] = Field(default_factory=dict)
@@ -236,17 +281,27 @@ class JobFacts(BaseModel):
         if self._is_progress(signal):
             last = f.get("last_ts")
             mark = Mark.of(signal, float(last) if isinstance(last, (int, float)) else None)
-            key = process_key(signal)
-            current = self.progress.get(key)
-            if (current is None and len(self.progress) < MAX_PROCESSES) or (current is not None and mark.after(
-                current.t, current.file, current.order
-            )):
-                self.progress[key] = mark
-                changed = True
+            changed |= self._note_progress(process_key(signal), mark)
             changed |= self._note_node_progress(signal, mark)
+        elif isinstance(f.get("ran_ms"), int) and has_own_time(signal) and t is not None:
+            # A watchdog's "ran for N milliseconds": the process issued that collective N ms before, so it was
+            # alive and in step then, whatever it had logged before (an OOM it caught and retried). Compared
+            # by time only (file None): the line itself may well follow a failure that came after the enqueue.
+            key = process_key(signal)
+            if not is_anonymous(key):
+                changed |= self._note_progress(key, Mark(t=t - int(f["ran_ms"]) / 1000.0))
         if (signal.rank is not None or "pg_rank" in f) and ("pg" in f or "seq" in f or "enqueued" in f):
             changed |= self._note_collective(signal, t)
         return changed
+
+    def _note_progress(self, key: str, mark: Mark) -> bool:
+        current = self.progress.get(key)
+        if (current is None and len(self.progress) < MAX_PROCESSES) or (
+            current is not None and mark.after(current.t, current.file, current.order)
+        ):
+            self.progress[key] = mark
+            return True
+        return False
 
     @staticmethod
     def _is_progress(signal: Signal) -> bool:
@@ -428,8 +483,8 @@ class JobFacts(BaseModel):
         if pg_of(signal) is None and isinstance(f.get("pg_rank"), int) and signal.rank is not None \
                 and f["pg_rank"] != signal.rank:
             # Its rank in some group differs from its global rank: not the default group, and the line does
-            # not say which (a watchdog line without the PG prefix; the same process's next line names it).
-            return False
+            # not say which (a watchdog line without the PG prefix). Kept by the collective it reports.
+            return self._note_unnamed(signal, int(f["pg_rank"]), signal.rank, t)
         pg = pg_of(signal) or "0"
         if pg in DEFAULT_GROUPS and isinstance(f.get("pg_size"), int) and signal.rank is not None and t is not None:
             self._note_relaunch(signal, t)
@@ -455,7 +510,7 @@ class JobFacts(BaseModel):
         if signal.kind == "match" and signal.class_ in ("nccl_timeout", "nccl_error"):
             group.reporters.add(rank)
             if t is not None:
-                group.first_ts = t if group.first_ts is None else min(group.first_ts, t)
+                group.note_report(t, signal.host)
         for name in ("enqueued", "completed"):
             if isinstance(f.get(name), int):
                 getattr(group, name).add(int(f[name]), rank)
@@ -472,6 +527,25 @@ class JobFacts(BaseModel):
         timeout = f.get("timeout_ms")
         if isinstance(timeout, int):
             group.timeout_ms = max(group.timeout_ms or 0, timeout)
+        return True
+
+    def _note_unnamed(self, signal: Signal, pg_rank: int, rank: int, t: float | None) -> bool:
+        f = signal.fields
+        if signal.kind != "match" or signal.class_ not in ("nccl_timeout", "nccl_error") or not isinstance(
+            f.get("seq"), int
+        ):
+            return False
+        key = f"{self.attempt_of(signal)}:{f['seq']}|{f.get('op', '')}|{f.get('numel_in', '')}|{f.get('numel_out', '')}"
+        collective = self.unnamed.get(key)
+        if collective is None:
+            if len(self.unnamed) >= MAX_UNNAMED_COLLECTIVES:
+                return False
+            collective = self.unnamed[key] = UnnamedCollective()
+        if len(collective.reports) >= MAX_PROCESSES or rank in collective.reports:
+            return False  # one report per rank (its watchdog prints the work three times)
+        collective.reports[rank] = (pg_rank, t, signal.host or "")
+        if isinstance(f.get("timeout_ms"), int):
+            collective.timeout_ms = max(collective.timeout_ms or 0, int(f["timeout_ms"]))
         return True
 
     def _note_relaunch(self, signal: Signal, t: float) -> None:

@@ -11,9 +11,12 @@ count on one rank is a collective mismatch, and that rank is named.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import combinations
 
-from correlator.diagnosis.engine.facts import GroupProgress
+from correlator.diagnosis.engine.facts import GroupProgress, UnnamedCollective
+from correlator.diagnosis.engine.rankset import RankSet
 
 _DEFAULT_GROUPS = ("0", "default_pg")
 UNKNOWN_GROUP = "0"  # watchdog lines of older releases name no group: they are the default group's
@@ -28,8 +31,68 @@ class Suspect:
     mismatch: bool = False
 
 
+UNNAMED_PREFIX = "?"  # a group inferred from its members' reports, not named by any line
+
+
 def _pg_name(pg: str) -> str:
+    if pg.startswith(UNNAMED_PREFIX):
+        return f"the process group (no line names it) of {pg[len(UNNAMED_PREFIX):]}"
     return "the default process group" if pg in _DEFAULT_GROUPS else f"process group {pg}"
+
+
+def unnamed_groups(unnamed: dict[str, UnnamedCollective], attempt: int) -> dict[str, GroupProgress]:
+    """The groups behind watchdog reports that name no group, one per group that failed the collective.
+
+    A line gives its writer's global rank (`[rank485]:`) and its rank within the group (`[Rank 1]`). The
+    groups torch and Megatron build are arithmetic: tensor-parallel groups consecutive ranks, data- and
+    pipeline-parallel ones every k-th rank. So the reports of one collective split, under one stride, into
+    runs that share a base (global = base + stride x rank within the group); each run is one group, and its
+    members are base + stride x i for i up to the highest rank within it that reported. (A member above that
+    one cannot be seen.)"""
+    out: dict[str, GroupProgress] = {}
+    for key, collective in unnamed.items():
+        seen_attempt, _, shape = key.partition(":")
+        if seen_attempt != str(attempt) or len(collective.reports) < 2:
+            continue
+        pairs = [(within, rank) for rank, (within, _t, _host) in collective.reports.items()]
+        stride = _stride(pairs)
+        if stride is None:
+            continue
+        runs: dict[int, list[int]] = {}
+        for within, rank in pairs:
+            runs.setdefault(rank - stride * within, []).append(rank)
+        seq, op = ([*shape.split("|"), ""])[:2]
+        for base, ranks in runs.items():
+            if len(ranks) < 2 or base < 0:
+                continue
+            highest = max(collective.reports[r][0] for r in ranks)
+            pg = f"{UNNAMED_PREFIX}collective {seq} ({op}) of ranks {base}+{stride}i"
+            group = out[pg] = GroupProgress(
+                pg=pg,
+                size=highest + 1,
+                members=RankSet(base + stride * i for i in range(highest + 1)),
+                reporters=RankSet(ranks),
+                timeout_ms=collective.timeout_ms,
+            )
+            for r in ranks:
+                _within, t, host = collective.reports[r]
+                if t is not None:
+                    group.note_report(t, host)
+    return out
+
+
+def _stride(pairs: list[tuple[int, int]]) -> int | None:
+    """The step between consecutive members that puts the reports in the fewest groups (the smallest step on
+    a tie); None when no two reports fit any step."""
+    sample = pairs[:64]
+    strides = {
+        (g2 - g1) // (w2 - w1)
+        for (w1, g1), (w2, g2) in combinations(sample, 2)
+        if w1 != w2 and (g2 - g1) % (w2 - w1) == 0 and (g2 - g1) // (w2 - w1) > 0
+    }
+    if not strides:
+        return None
+    return min(strides, key=lambda s: (len({g - s * w for w, g in pairs}), s))
 
 
 def mismatch_suspect(groups: dict[str, GroupProgress]) -> Suspect | None:
@@ -63,10 +126,41 @@ def _describe(shape: str) -> str:
     return f"{op}{numel}"
 
 
-def hang_suspect(groups: dict[str, GroupProgress], world_size: int | None) -> Suspect | None:
-    """The rank the timed-out group waited for, from the group that reported first."""
+def with_unnamed(groups: dict[str, GroupProgress], unnamed: dict[str, GroupProgress]) -> dict[str, GroupProgress]:
+    """The named groups and the groups seen only in lines that leave the group's name out. An unnamed group
+    whose reporters a named group holds is that group (torch prints a watchdog line without the group, then
+    again with it). When both saw the same reporters, the members inferred from the ranks' stride complete
+    the named group's, which are often only the ranks that reported; a few lines of a larger group say too
+    little of it to add members."""
+    out = dict(groups)
+    for key, group in unnamed.items():
+        covering = [k for k, g in groups.items() if group.reporters.bits & ~g.reporters.bits == 0]
+        if not covering:
+            out[key] = group
+        for k in covering:
+            named = out[k]
+            if group.reporters == named.reporters and (named.size is None or len(named.members) < named.size):
+                members = RankSet(bits=named.members.bits | group.members.bits)
+                out[k] = named.model_copy(update={"members": members, "size": named.size or len(members)})
+    return out
+
+
+def hang_suspect(
+    groups: dict[str, GroupProgress],
+    world_size: int | None,
+    correct: Callable[[float | None, str | None], float | None] = lambda t, _host: t,
+) -> Suspect | None:
+    """The rank the timed-out group waited for, from the group that reported first (on the common clock:
+    `correct` puts a host's time on it)."""
     reported = [g for g in groups.values() if g.reporters]
-    for group in sorted(reported, key=lambda g: g.first_ts or float("inf")):
+
+    def first_report(group: GroupProgress) -> float:
+        times = [c for host, t in group.first_by_host.items() if (c := correct(t, host or None)) is not None]
+        if not times and group.first_ts is not None:
+            times = [group.first_ts]
+        return min(times, default=float("inf"))
+
+    for group in sorted(reported, key=first_report):
         lag = _enqueued_lag(group)
         if lag is not None:
             return lag
@@ -112,7 +206,8 @@ def _missing_member(group: GroupProgress, world_size: int | None) -> Suspect | N
         if len(members) != size:
             return None  # the group's members are not all known: who is missing cannot be said
         expected = members
-        how = "members from the group's own lines"
+        how = ("members from its reporters' ranks within it and in the job" if group.pg.startswith(UNNAMED_PREFIX)
+               else "members from the group's own lines")
     missing = sorted(expected - reporters)
     if len(missing) != 1:
         return None
