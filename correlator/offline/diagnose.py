@@ -7,7 +7,6 @@ the same decoders the streaming worker uses.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import io
@@ -16,13 +15,12 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 from correlator.diagnosis.engine import Engine, JobState
 from correlator.diagnosis.engine.keys import sort_key
+from correlator.diagnosis.framing import frame_line, identify_line, lines_before
 from correlator.diagnosis.matcher import Buffer, Hit, Matcher
 from correlator.diagnosis.models import Incident, Signal
 from correlator.diagnosis.routine_fold import merge_metric_signals, metric_of
@@ -30,8 +28,7 @@ from correlator.diagnosis.rules import RuleSet, load_ruleset
 from correlator.diagnosis.signals import SignalExtractor, best_hits_per_line
 from correlator.offline.routine import RoutineAggregate, RoutineAggregator
 from ingest.event import LogEvent
-from ingest.multiline import is_continuation, split_glued
-from ingest.prefixes import Identity, identity_from_path, parse_prefixes
+from ingest.prefixes import identity_from_path
 
 if TYPE_CHECKING:
     import multiprocessing.pool
@@ -39,7 +36,6 @@ if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 CHUNK_BYTES = 16 * 1024 * 1024
-CONTINUATION_LOOKBACK = 64
 _ORDER_STRIDE = 10**12  # orders of different files never interleave when no timestamps exist
 
 
@@ -328,27 +324,16 @@ class Diagnoser:
                 progress.append(signal)
         return _latest_first(progress) + metric
 
-    def _identify(self, raw: str) -> Identity:
-        """Identity of one line: a syslog header (host, time) when the file is rsyslog text, then prefixes.
-
-        Memoized: looking back for a timestamp or a traceback's owner revisits the same lines.
-        """
-        return _identify_line(raw)
-
     def _event_for_line(
         self, body: Buffer, hit: Hit, base: int, name: str, path_hints: dict[str, str | int], job_id: str
     ) -> tuple[LogEvent, str, bool]:
-        """The line's event, its text as scanned, and whether its time was borrowed from an earlier line."""
-        raw = body[hit.start : hit.end].decode("utf-8", "replace").rstrip("\r")
-        if "\r" in raw or "|" in raw:
-            segments = split_glued(raw)
-            if len(segments) > 1:
-                rule_index = hit.rule_index
-                raw = next((s for s in segments if self.matcher.matches(rule_index, s)), segments[-1])
-        ident = self._identify(raw)
-        if ident.rank is None and ident.host is None and ident.pid is None and ident.local_rank is None:
-            ident = self._continued_identity(body, hit.start, ident)
-        ts = ident.ts if ident.ts is not None else self._earlier_time(body, hit.start)
+        """The line's event, its text as scanned, and whether its time was borrowed from an earlier line
+        (correlator/diagnosis/framing.py: the same steps as the stream's)."""
+        line = body[hit.start : hit.end].decode("utf-8", "replace")
+        rule_index = hit.rule_index
+        framed = frame_line(line, lambda: lines_before(body, hit.start),
+                            lambda segment: self.matcher.matches(rule_index, segment))
+        ident = framed.identity
         event = LogEvent(
             job_id=job_id,
             host=ident.host or _str_or_none(path_hints.get("host")),
@@ -356,58 +341,14 @@ class Diagnoser:
             local_rank=ident.local_rank if ident.local_rank is not None else _int_or_none(path_hints.get("local_rank")),
             pid=ident.pid,
             gpu=ident.gpu,
-            ts=ts,
+            ts=framed.ts,
             attempt=_int_or_none(path_hints.get("attempt")),
             source="plain",
             file=name,
             offset=base + hit.start,
             line=ident.text,
         )
-        return event, raw, ident.ts is None and ts is not None
-
-    @staticmethod
-    def _lines_before(body: Buffer, start: int) -> Iterator[str]:
-        """The lines before offset `start`, closest first, at most CONTINUATION_LOOKBACK of them."""
-        pos = start
-        for _ in range(CONTINUATION_LOOKBACK):
-            if pos <= 0:
-                return
-            prev_start = body.rfind(b"\n", 0, pos - 1) + 1
-            yield body[prev_start : pos - 1].decode("utf-8", "replace")
-            pos = prev_start
-
-    def _earlier_time(self, body: Buffer, start: int) -> datetime | None:
-        """An untimed line (a traceback's last line) happened at about the time of the closest timed line before it."""
-        for prev in self._lines_before(body, start):
-            ts = self._identify(prev).ts
-            if ts is not None:
-                return ts
-        return None
-
-    def _continued_identity(self, body: Buffer, start: int, ident: Identity) -> Identity:
-        """A traceback's last line has no prefix: take the identity of the record it continues.
-
-        Only a line that continues something (indented, a frame, or the exception after frames)
-        inherits; a launcher's own line right after a rank's line does not.
-        """
-        end = body.find(b"\n", start)
-        current_continues = is_continuation(body[start : end if end >= 0 else len(body)].decode("utf-8", "replace"))
-        for n, prev in enumerate(self._lines_before(body, start)):
-            if not prev.strip():
-                break
-            if n == 0 and not (current_continues or is_continuation(prev)):
-                break
-            prev_ident = self._identify(prev)
-            if prev_ident.rank is not None or prev_ident.host is not None or prev_ident.pid is not None:
-                return dataclasses.replace(
-                    prev_ident,
-                    text=ident.text,
-                    ts=ident.ts or prev_ident.ts,
-                    ts_has_date=ident.ts_has_date if ident.ts else prev_ident.ts_has_date,
-                )
-            if not is_continuation(prev):
-                break
-        return ident
+        return event, framed.raw, framed.borrowed
 
     def signals_from_json_lines(
         self,
@@ -534,35 +475,8 @@ def diagnose_paths(paths: list[str], job_id: str | None = None) -> list[Incident
     return incidents
 
 
-@functools.cache
-def _decoders() -> ModuleType:
-    """The forwarders' decoders, imported by the first line that may be an rsyslog line, not at start-up."""
-    import ingest.decoders
-
-    return ingest.decoders
-
-
-@functools.lru_cache(maxsize=8192)
-def _identify_line(raw: str) -> Identity:
-    """Identity of one line (see Diagnoser._identify)."""
-    host: str | None = None
-    header_ts = None
-    text = raw
-    if raw[:1].isdigit() or raw[:1] == "<":
-        decoders = _decoders()
-        try:
-            records = decoders.decode_value(raw.encode("utf-8", "replace"))
-        except decoders.DecodeError:
-            records = []
-        if records and records[0].source == "rsyslog":
-            host, header_ts, text = records[0].host, records[0].ts, records[0].text
-    ident = parse_prefixes(text)
-    if host is None and header_ts is None:
-        return ident
-    return dataclasses.replace(
-        ident, host=ident.host or host, ts=ident.ts or header_ts,
-        ts_has_date=ident.ts_has_date if ident.ts else header_ts is not None,
-    )
+# Identity of one line (a syslog header, then prefixes): what the routine aggregator reads too.
+_identify_line = identify_line
 
 
 def _latest_first(signals: list[Signal]) -> list[Signal]:
