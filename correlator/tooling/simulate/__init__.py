@@ -29,7 +29,6 @@ import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import cast
 
 from correlator.tooling.simulate.classes import DEMO_CLASS, DEMO_RANK, taxonomy
 from correlator.tooling.simulate.lines import rfc3339, utc_datetime
@@ -43,7 +42,7 @@ from correlator.tooling.simulate.truth import (
     logs_dir,
     read_truth,
 )
-from correlator.tooling.simulate.writing import FORMATS, LAYOUTS, Layout, write_logs
+from correlator.tooling.simulate.writing import FORMATS, LAYOUTS, write_logs
 
 __all__ = [
     "DEMO_RANK",
@@ -122,7 +121,7 @@ def simulate(
         sc.shift(time.time() - 1.0 - last)
     sc.make_late()
     out = Path(out)
-    files = write_logs(sc, fmt, out, cast(Layout, layout))
+    files = write_logs(sc, fmt, out, layout)
     init = sc.initiator
     if sc.mode in ("all", "launch_all", "serve_all"):
         initiator = TruthInitiator(rank=None, all=True)
