@@ -146,6 +146,24 @@ class JobFacts(BaseModel):
             return signal.attempt
         return self.attempt_at(time_of(signal), signal.host, signal.file, signal.order)
 
+    def attempt_by_own_restarts(self, signal: Signal) -> int:
+        """The attempt of a signal by the restart lines its own host logged (untimed: those before it in its
+        file): what folding a collateral line into an aggregate may rely on. Another host's restart line
+        may reach the state before or after this line (files read in any order, partitions read at their
+        own pace); this host's own comes before its later lines, in its stream."""
+        if signal.attempt is not None:
+            return signal.attempt
+        t = time_of(signal)
+        host = signal.host or ""
+        attempt = 0
+        for restart in self.restarts:
+            own = restart.hosts.get(host) if t is not None else None
+            if (own is not None and t is not None and own <= t) or (
+                t is None and restart.file == signal.file and restart.order is not None and restart.order < signal.order
+            ):
+                attempt = restart.restart_count if restart.restart_count is not None else attempt + 1
+        return attempt
+
     def attempt_at(self, t: float | None, host: str | None = None, file: str | None = None,
                    order: int | None = None) -> int:
         attempt = 0

@@ -261,7 +261,9 @@ class SignalStore(JobFacts):
     # --- aggregates -----------------------------------------------------------------------
 
     def _aggregate_key(self, signal: Signal) -> str:
-        return f"{signal.rule_id}|{pg_of(signal) or ''}|{self.attempt_of(signal)}"
+        # By its own host's restarts only, so the same lines fold the same whatever order hosts arrive in;
+        # the aggregate's attempt is decided again, by every restart known, when the job is diagnosed.
+        return f"{signal.rule_id}|{pg_of(signal) or ''}|{self.attempt_by_own_restarts(signal)}"
 
     def _fold(self, signal: Signal, repeats: int) -> None:
         key = self._aggregate_key(signal)
@@ -272,7 +274,7 @@ class SignalStore(JobFacts):
                 return
             aggregate = self.aggregates[key] = Aggregate(
                 rule_id=signal.rule_id, class_=signal.class_, severity=signal.severity, role=signal.role,
-                pg=pg_of(signal), attempt=self.attempt_of(signal),
+                pg=pg_of(signal), attempt=self.attempt_by_own_restarts(signal),
             )
         aggregate.add(signal, repeats)
 
