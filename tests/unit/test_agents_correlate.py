@@ -22,6 +22,7 @@ from correlator.diagnosis.rules import RuleSet, load_ruleset
 from correlator.diagnosis.signals import SignalExtractor
 from correlator.stream.agents.correlate import (
     JobCorrelator,
+    JobEntry,
     close_message,
     make_correlate_agent,
     next_quiet_at,
@@ -214,12 +215,23 @@ def test_quiet_jobs_skips_open_windows_still_active_and_other_partitions() -> No
     assert next_quiet_at(entries, now=124.0, quiet_window_s=5.0, active_partitions={1}) is None
 
 
-def test_engine_clock_follows_event_time_for_replayed_logs(ruleset: RuleSet, extractor: SignalExtractor) -> None:
+def test_a_close_diagnoses_on_the_jobs_own_clock_however_long_it_was_quiet(ruleset: RuleSet,
+                                                                            extractor: SignalExtractor) -> None:
+    """Closing a window runs the engine as `rootrank diagnose` runs it, at the job's latest event: a
+    checkpoint save logged as the job's last line has not missed its 1,200 s deadline, however long the
+    job then stayed quiet on the wall clock (a replay, a late close, a restarted worker). (Off: the
+    engine's clock advanced by the quiet time -> the absence rule fires after the job went quiet.)"""
     correlator = JobCorrelator(Engine(ruleset), quiet_window_s=QUIET_S)
-    state = JobState(job_id="j")
-    for s in oom_signals(extractor, "j", [(0, 0.0), (1, 30.0)]):
-        state.add(s, now=5000.0)
-    assert correlator.engine_now(state, 5007.0) == pytest.approx((T0 + timedelta(seconds=30)).timestamp() + 7.0)
+    events = [LogEvent(job_id="j", host="node-0", rank=0, ts=T0, offset=0, file="rank0.log",
+                       line="[Rank 0] Saving model checkpoint: /ckpt/global_step400")]
+    signals = extractor.from_events(events)
+    entry = JobEntry(state=JobState(job_id="j"))
+    entry.state.add_all(signals, now=5000.0)
+    entry.open = True
+    offline = JobState(job_id="j")
+    offline.add_all(signals)
+    assert not Engine(ruleset).diagnose(offline)  # the deadline is not reached by the job's last line
+    assert correlator.close(entry, 5000.0 + 7 * 24 * 3600) == []
 
 
 def test_an_engine_error_closes_the_window_and_keeps_the_worker_going(ruleset: RuleSet, extractor: SignalExtractor) -> None:
