@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from correlator.diagnosis.engine import Engine, JobState
 from correlator.diagnosis.engine.keys import sort_key
-from correlator.diagnosis.framing import frame_line, identify_line, lines_before
+from correlator.diagnosis.framing import frame_line, identify_line, line_process, lines_before
 from correlator.diagnosis.matcher import Buffer, Hit, Matcher
 from correlator.diagnosis.models import Incident, Signal
 from correlator.diagnosis.routine_fold import merge_metric_signals, metric_of
@@ -28,6 +28,7 @@ from correlator.diagnosis.rules import RuleSet, load_ruleset
 from correlator.diagnosis.signals import SignalExtractor, best_hits_per_line
 from correlator.offline.routine import RoutineAggregate, RoutineAggregator
 from ingest.event import LogEvent
+from ingest.order import file_key, first_line_of, line_order, message_position, record_key
 from ingest.prefixes import identity_from_path
 
 if TYPE_CHECKING:
@@ -35,8 +36,9 @@ if TYPE_CHECKING:
 
     from _typeshed import WriteableBuffer
 
+    from ingest.decoders import RawRecord
+
 CHUNK_BYTES = 16 * 1024 * 1024
-_ORDER_STRIDE = 10**12  # orders of different files never interleave when no timestamps exist
 
 
 class InputError(Exception):
@@ -120,6 +122,30 @@ def _looks_json_lines(head: bytes) -> bool:
     return (stripped.startswith(b"{") and b"}\n" in head[:65536]) or (stripped.startswith(b"{") and head.rstrip().endswith(b"}"))
 
 
+_SYSLOG_FIRST = frozenset(b"<0123456789ADFJMNOS")  # what an rsyslog header starts with (a priority, a date, a month)
+
+
+def _looks_syslog(head: bytes) -> bool:
+    """rsyslog's output (RSYSLOG_FileFormat, the traditional format, RFC 5424): its first lines (up to five)
+    all start with a syslog header. Such a file is read record by record with the rsyslog decoder, as the
+    stream reads rsyslog's messages, so its messages are scanned without their headers."""
+    stripped = head.lstrip()
+    if not stripped or stripped[0] not in _SYSLOG_FIRST:
+        return False
+    from ingest.decoders import rsyslog  # only for a file that may be rsyslog's
+
+    lines = [line for line in stripped[:65536].split(b"\n")[:6] if line.strip()][:5]
+    if len(lines) > 1 and not head.rstrip(b"\r\n").endswith(lines[-1].rstrip(b"\r")):
+        lines = lines[:-1]  # the head may end inside a line
+    return bool(lines) and all(
+        rsyslog.decode_syslog_lines([line.decode("utf-8", "replace").rstrip("\r")], None, 65536) for line in lines)
+
+
+def _looks_like_records(head: bytes) -> bool:
+    """A file a forwarder wrote, read record by record with its decoder: JSON lines, or rsyslog's text."""
+    return _looks_json_lines(head) or _looks_syslog(head)
+
+
 class Diagnoser:
     """Reusable: compiles the matcher once, diagnoses any number of path sets."""
 
@@ -143,14 +169,14 @@ class Diagnoser:
         progress: Callable[[int], None] | None = None,
     ) -> list[Signal]:
         signals: list[Signal] = []
-        for file_index, source in enumerate(iter_sources(paths, stats)):
+        for source in iter_sources(paths, stats):
             try:
                 stream = source.open()
             except OSError as exc:
                 stats.skipped.append(f"{source.name}: cannot open ({exc.strerror or exc})")
                 continue
             try:
-                signals.extend(self.signals_from_stream(source, stream, job_id, file_index, stats, progress))
+                signals.extend(self.signals_from_stream(source, stream, job_id, stats, progress))
             except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
                 stats.skipped.append(f"{source.name}: read failed ({exc})")
             finally:
@@ -164,7 +190,6 @@ class Diagnoser:
         source: Source,
         stream: BinaryReader,
         job_id: str,
-        file_index: int,
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
@@ -173,9 +198,12 @@ class Diagnoser:
             stats.skipped.append(f"{source.name}: binary data, skipped")
             return []
         stats.files += 1
+        # The file's place among the job's files: from its name and first line, as the stream places it
+        # (ingest/order.py); its lines' orders add their byte offsets (line index: JSON lines, rsyslog).
+        order_base = line_order(source_key(source.name, head), 0)
         path_hints = identity_from_path(source.name) if source.name != "<stdin>" else {}
-        if _looks_json_lines(head):
-            return self.signals_from_json_lines(source, stream, head, job_id, file_index, stats, progress)
+        if _looks_like_records(head):
+            return self.signals_from_json_lines(source, stream, head, job_id, order_base, stats, progress)
         if source.path is not None and len(head) == CHUNK_BYTES:
             try:
                 mapped = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)
@@ -183,7 +211,7 @@ class Diagnoser:
                 mapped = None  # not mappable (a FIFO, /proc): read it in chunks like a stream
             if mapped is not None:
                 with mapped:
-                    return self._signals_from_mapped(source, mapped, path_hints, job_id, file_index, stats, progress)
+                    return self._signals_from_mapped(source, mapped, path_hints, job_id, order_base, stats, progress)
         out: list[Signal] = []
         routine: list[Signal] = []
         carry = b""
@@ -196,10 +224,10 @@ class Diagnoser:
             if not nxt:
                 cut = len(buf)
             body, carry = buf[:cut], buf[cut:]
-            signals, lines_hit, acc = self._scan_region(body, 0, len(body), base, source.name, path_hints, job_id, file_index)
+            signals, lines_hit, acc = self._scan_region(body, 0, len(body), base, source.name, path_hints, job_id, order_base)
             out.extend(signals)
             # A chunk is gone once scanned: its routine winners become signals now, merged per process below.
-            routine.extend(self._routine_signals(body, len(body), acc, base, source.name, path_hints, job_id, file_index))
+            routine.extend(self._routine_signals(body, len(body), acc, base, source.name, path_hints, job_id, order_base))
             stats.lines_hit += lines_hit + acc.lines
             base += len(body)
             stats.bytes += len(chunk)
@@ -207,9 +235,9 @@ class Diagnoser:
                 progress(len(chunk))
             chunk = nxt
         if carry:
-            signals, lines_hit, acc = self._scan_region(carry, 0, len(carry), base, source.name, path_hints, job_id, file_index)
+            signals, lines_hit, acc = self._scan_region(carry, 0, len(carry), base, source.name, path_hints, job_id, order_base)
             out.extend(signals)
-            routine.extend(self._routine_signals(carry, len(carry), acc, base, source.name, path_hints, job_id, file_index))
+            routine.extend(self._routine_signals(carry, len(carry), acc, base, source.name, path_hints, job_id, order_base))
             stats.lines_hit += lines_hit + acc.lines
         out.extend(_merge_routine(routine))
         return out
@@ -220,14 +248,14 @@ class Diagnoser:
         mapped: mmap.mmap,
         path_hints: dict[str, str | int],
         job_id: str,
-        file_index: int,
+        order_base: int,
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
         """A plain file, mapped: its chunks are scanned in place (no copies), by `jobs` processes at
         once. Every offset is a file offset, so a traceback's owner is found across chunk edges."""
         regions = _regions(mapped, CHUNK_BYTES)
-        tasks = [(str(source.path), lo, hi, source.name, path_hints, job_id, file_index) for lo, hi in regions]
+        tasks = [(str(source.path), lo, hi, source.name, path_hints, job_id, order_base) for lo, hi in regions]
         results: Iterator[tuple[list[Signal], int, RoutineAggregate]]
         pool = None
         if self.jobs > 1 and len(regions) > 1:
@@ -237,7 +265,7 @@ class Diagnoser:
             if pool is not None:
                 results = pool.imap(_scan_region_task, tasks)
             else:
-                results = (self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, file_index)
+                results = (self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, order_base)
                            for lo, hi in regions)
             out: list[Signal] = []
             routine = RoutineAggregate()
@@ -249,7 +277,7 @@ class Diagnoser:
                 if progress:
                     progress(hi - lo)
             # The whole file is mapped here: routine winners of every region are read from it once.
-            out.extend(self._routine_signals(mapped, len(mapped), routine, 0, source.name, path_hints, job_id, file_index))
+            out.extend(self._routine_signals(mapped, len(mapped), routine, 0, source.name, path_hints, job_id, order_base))
             return out
         finally:
             if pool is not None:
@@ -264,7 +292,7 @@ class Diagnoser:
         name: str,
         path_hints: dict[str, str | int],
         job_id: str,
-        file_index: int,
+        order_base: int,
     ) -> tuple[list[Signal], int, RoutineAggregate]:
         """Signals of the lines in `body[lo:hi]` that hit a failure rule, how many lines those are, and
         the region's routine lines aggregated per process; `base` + a position in `body` is the file offset."""
@@ -293,7 +321,7 @@ class Diagnoser:
                 lines_hit += 1
                 cache[start] = self._event_for_line(body, hit, base, name, path_hints, job_id)
             event, raw, borrowed = cache[start]
-            out.append(self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + start, raw=raw,
+            out.append(self.extractor.signal_for(event, hit, order_base + base + start, raw=raw,
                                                  time_borrowed=borrowed))
         return out, lines_hit, acc
 
@@ -306,7 +334,7 @@ class Diagnoser:
         name: str,
         path_hints: dict[str, str | int],
         job_id: str,
-        file_index: int,
+        order_base: int,
     ) -> list[Signal]:
         """One signal per rule and process for routine lines: the latest progress line (latest first, so
         the engine's cap on markers per rule keeps the latest without evicting), the largest metric value
@@ -315,7 +343,7 @@ class Diagnoser:
         metric: list[Signal] = []
         for hit, low in self.routine.winners(body, hi, acc):
             event, raw, borrowed = self._event_for_line(body, hit, base, name, path_hints, job_id)
-            signal = self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + hit.start, raw=raw,
+            signal = self.extractor.signal_for(event, hit, order_base + base + hit.start, raw=raw,
                                                time_borrowed=borrowed)
             if low is not None and "metric" in signal.fields:
                 signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
@@ -356,18 +384,18 @@ class Diagnoser:
         stream: BinaryReader,
         head: bytes,
         job_id: str,
-        file_index: int,
+        order_base: int,
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
-        from ingest.decoders import (  # the forwarders' formats: JSON input only
+        from ingest.decoders import (  # the forwarders' formats: JSON lines and rsyslog text only
             DecodeError,
             decode_value,
-            to_event,
         )
 
         out: list[Signal] = []
-        events: list[LogEvent] = []
+        records: list[RawRecord] = []
+        positions: list[int] = []
         reader = io.BufferedReader(_Prepend(head, stream))
         for lineno, line in enumerate(reader):
             stats.bytes += len(line)
@@ -376,22 +404,44 @@ class Diagnoser:
             if not line.strip():
                 continue
             try:
-                records = decode_value(line.rstrip(b"\n"))
+                decoded = decode_value(line.rstrip(b"\n"))
             except DecodeError:
                 stats.decode_errors += 1
                 continue
-            events.extend(to_event(record, default_job=job_id, offset=lineno) for record in records)
-            if len(events) >= 4096:
-                out.extend(self._from_events(events, job_id, file_index))
-                events = []
-        if events:
-            out.extend(self._from_events(events, job_id, file_index))
+            for index, record in enumerate(decoded):
+                records.append(record)
+                positions.append(record.offset if record.offset is not None else message_position(lineno, index))
+            if len(records) >= 4096:
+                out.extend(self._from_records(records, positions, job_id))
+                records, positions = [], []
+        if records:
+            out.extend(self._from_records(records, positions, job_id))
         return out
 
-    def _from_events(self, events: list[LogEvent], job_id: str, file_index: int) -> list[Signal]:
-        # All given paths form one job, whatever job the forwarder's fields name.
-        same_job = [e if e.job_id == job_id else e.model_copy(update={"job_id": job_id}) for e in events]
-        return self.extractor.from_events(same_job, order_base=file_index * _ORDER_STRIDE)
+    def _from_records(self, records: list[RawRecord], positions: list[int], job_id: str) -> list[Signal]:
+        """Signals of a forwarder's records, as the stream makes them from its messages: the records' texts
+        scanned as the forwarder sent them, events only for the lines that hit, each in the job of the
+        given paths (whatever job the forwarder's fields name), ordered by its stream (ingest/order.py)."""
+        from ingest.decoders import to_event
+
+        events: dict[int, LogEvent] = {}
+
+        def event_at(i: int) -> LogEvent:
+            event = events.get(i)
+            if event is None:
+                event = to_event(records[i], default_job=job_id, offset=positions[i])
+                if event.job_id != job_id:  # all given paths form one job
+                    event = event.model_copy(update={"job_id": job_id})
+                events[i] = event
+            return event
+
+        texts = [record.text for record in records]
+        return self.extractor.from_texts(
+            texts, event_at,
+            lambda i: (records[i].host, records[i].rank, records[i].file, records[i].stream),
+            lambda i: line_order(record_key(records[i].file, records[i].host), positions[i]),
+            process_of=lambda i: line_process(texts[i]),
+        )
 
     # --- diagnosing ---------------------------------------------------------------------
 
@@ -431,6 +481,11 @@ class _Prepend(io.RawIOBase):
         data = self.rest.read(len(b))
         b[: len(data)] = data
         return len(data)
+
+
+def source_key(name: str, head: bytes) -> int:
+    """A file's key (ingest/order.py) from its name and first bytes."""
+    return file_key(name, first_line_of(head))
 
 
 def default_jobs() -> int:
@@ -535,10 +590,10 @@ def _fork_pool(diagnoser: Diagnoser, processes: int) -> multiprocessing.pool.Poo
 def _scan_region_task(
     task: tuple[str, int, int, str, dict[str, str | int], str, int],
 ) -> tuple[list[Signal], int, RoutineAggregate]:
-    path, lo, hi, name, path_hints, job_id, file_index = task
+    path, lo, hi, name, path_hints, job_id, order_base = task
     assert _FORKED is not None
     mapped = _FORKED_MAPS.get(path)
     if mapped is None:
         with open(path, "rb") as fh:
             mapped = _FORKED_MAPS[path] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    return _FORKED._scan_region(mapped, lo, hi, 0, name, path_hints, job_id, file_index)
+    return _FORKED._scan_region(mapped, lo, hi, 0, name, path_hints, job_id, order_base)
