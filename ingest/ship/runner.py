@@ -44,6 +44,7 @@ from typing import Any
 
 import orjson
 
+from ingest.order import file_key, first_line_of
 from ingest.ship.batcher import Batcher
 from ingest.ship.chunks import Chunk, ChunkQueue, Source
 from ingest.ship.frames import FrameQueue, forward_frames, send_pid
@@ -181,6 +182,28 @@ def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[
     return 1 if stats.dropped_lines else 0
 
 
+def _resume_numbering(sources: dict[int, Source], positions: Positions, backlog: dict[int, BacklogFile] | None) -> None:
+    """Before the shipping process is forked (it inherits the sources): a file that resumes from a saved
+    position numbers its lines from the saved line number, and every file's key is read from its first
+    line (ingest/order.py), so the lines' positions and order are the file's whatever run sends them."""
+    for source in sources.values():
+        if source.file is None:
+            continue
+        start = backlog.get(source.id) if backlog is not None else None
+        saved = positions.get(source.name)
+        if start is not None and start.start > 0 and saved is not None:
+            source.next_line = int(saved.get("line", 0))
+            source.fresh = False
+        try:
+            with open(source.file, "rb") as fh:
+                head = fh.read(65536)
+        except OSError:
+            continue
+        if b"\n" in head:
+            source.key = file_key(source.file, first_line_of(head))
+            source.fresh = False
+
+
 def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]) -> int:
     """Two processes: this one reads the inputs (and passes a wrapped command's output through);
     a forked, lower-priority one batches and sends. Only chunks cross, through a pipe."""
@@ -203,6 +226,7 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
     positions = Positions(state / "positions.json")  # read-only here: where followed files resume
     # Files: their backlog, measured before any is read (the shipping process shows its progress).
     backlog = measure_backlog(sources, positions) if files else None
+    _resume_numbering(sources, positions, backlog)
 
     sys.stdout.flush()
     sys.stderr.flush()
