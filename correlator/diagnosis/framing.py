@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from datetime import datetime
 from types import ModuleType
 
@@ -142,3 +142,28 @@ def frame_line(line: str, before: Callable[[], Iterable[str]], matches: Callable
         ident = continued_identity(line, before(), ident)
     ts = ident.ts if ident.ts is not None else earlier_time(before())
     return Framed(raw, ident, ts, ident.ts is None and ts is not None)
+
+
+_HEADS: dict[str, Hashable] = {}  # a line's leading "[...]" or "[...]:" -> the process it names, or "" (none)
+
+
+def line_process(text: str) -> Hashable:
+    """Who wrote a line as its own prefixes say, (rank, host, pid, local_rank): the key routine lines
+    (progress, metric values) are folded by, per process, as `rootrank diagnose` folds them
+    (correlator/offline/routine.py). A leading prefix that names a rank (`[rank37]:`) is read once per
+    distinct prefix; any other line is identified whole (`identify_line`)."""
+    if text[:1] == "[":
+        close = text.find("]", 1, 32)
+        if close > 0:
+            head = text[: close + 2] if text[close + 1 : close + 2] == ":" else text[: close + 1]
+            known = _HEADS.get(head)
+            if known is None:
+                if len(_HEADS) > 1 << 16:
+                    _HEADS.clear()
+                ident = parse_prefixes(head + " x")
+                named = ident.rank is not None and ident.text.strip() == "x"
+                known = _HEADS[head] = (ident.rank, ident.host, ident.pid, ident.local_rank) if named else ""
+            if known != "":
+                return known
+    ident = identify_line(text)
+    return (ident.rank, ident.host, ident.pid, ident.local_rank)

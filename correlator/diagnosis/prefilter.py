@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import cast
@@ -30,6 +30,7 @@ from typing import cast
 import hyperscan
 import simdjson
 
+from correlator.diagnosis.framing import line_process
 from correlator.diagnosis.matcher import Matcher
 from ingest.decoders import DecodeError
 from ingest.decoders.dispatch import TEXT_KEYS, decode_lines
@@ -82,8 +83,9 @@ class JsonScreen:
     batch) and keeps, of the values whose only hits are routine (metric values, progress markers), those
     `SignalExtractor.from_texts` would keep from the whole batch: per routine pattern and stream, the
     latest progress line and the largest and smallest metric value. A routine line's stream is the bytes
-    of its object around its text, without the per-line fields: never coarser than the record's (host,
-    rank, file, stream), so nothing the extractor keeps is dropped; finer only costs a decode."""
+    of its object around its text, without the per-line fields, and the process its prefixes name: never
+    coarser than the record's (host, rank, file, stream) and the line's process, so nothing the extractor
+    keeps is dropped; finer only costs a decode."""
 
     def __init__(self, matcher: Matcher, *, max_value_bytes: int) -> None:
         self.matcher = matcher
@@ -202,10 +204,13 @@ class JsonScreen:
             streams = [_PER_LINE_FIELD.sub(b"", outside) for outside in outsides]
         base = self.matcher.routine_base
         is_metric, value_of = self.matcher.routine_metric, self.matcher.routine_value
-        latest: dict[tuple[int, bytes], int] = {}
-        highest: dict[tuple[int, bytes], tuple[float, int]] = {}
-        lowest: dict[tuple[int, bytes], tuple[float, int]] = {}
-        for at, (lo, hi), stream in zip(positions, bounds, streams, strict=True):
+        latest: dict[tuple[int, Hashable], int] = {}
+        highest: dict[tuple[int, Hashable], tuple[float, int]] = {}
+        lowest: dict[tuple[int, Hashable], tuple[float, int]] = {}
+        for at, (lo, hi), outside in zip(positions, bounds, streams, strict=True):
+            # Routine lines fold per stream and per process, as the extractor folds them (a pod's stream
+            # holds every local rank's lines): who wrote the line, from its prefixes.
+            stream = (outside, line_process(scanned[lo + 1 : hi].decode("utf-8", "replace")))
             for _, rid in routine_only[at]:
                 if not is_metric[rid - base]:
                     latest[rid, stream] = at  # in buffer order: the last one is the latest
