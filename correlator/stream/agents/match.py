@@ -315,10 +315,13 @@ class MatchProcessor:
 def _record_at(segment: _Segment, index: int) -> tuple[RawRecord, int | None]:
     """The record of a message's `index`-th line, and the order key it gets when it carries no position."""
     record = segment.lines.record(index)
-    if record.source == SHIP_SOURCE and record.ts is None:
-        # The shipper found this line already in its file (no read time): when it reached
-        # Kafka says nothing about when it was written. Without a receive time the engine
-        # times it from the timed lines around it in its file, as `rootrank diagnose` does.
+    if record.received_ts is not None and (record.source == SHIP_SOURCE or record.ts is not None):
+        # The Kafka record's time is a line's receive time only for a value that carries no time at all
+        # (plain text). A shipped line already in its file (no read time) was written whenever: its
+        # Kafka time says nothing; the engine times it from the lines before it in its file, as
+        # `rootrank diagnose` does. A forwarder's record carries the forwarder's own time (and a syslog
+        # header its own), which `rootrank diagnose` of the same messages reads too; a Kafka time
+        # beside it would give the stream a clock (the hosts' receive lags) diagnose cannot have.
         record.received_ts = None
     # A position the forwarder sent (Filebeat's log.offset) wins; else the Kafka offset orders
     # the lines, which is all there is for one-line-per-message forwarders.
