@@ -227,6 +227,10 @@ class Batcher:
         track.remaining -= credit
         return credit
 
+    def key_of(self, source: Source) -> bytes:
+        """The Kafka key of a source's messages: one file's lines stay in one partition, in order."""
+        return f"{self.options.job_id or ''}|{self._host}|{source.name}".encode()
+
     def _flush(self, source_id: int) -> None:
         batch = self._batches.pop(source_id, None)
         if batch is None or not batch.lines:
@@ -246,7 +250,7 @@ class Batcher:
                 pid=source.pid, attempt=o.attempt, file=source.file, labels=o.labels, offset=batch.first_line,
                 context=batch.context, shipper=shipper, file_key=source.key,
             )
-        key = f"{o.job_id or ''}|{self._host}|{source.name}".encode()
+        key = self.key_of(source)
         now_ms = int(time.time() * 1000)
         backlog_bytes = self._backlog_credit(source_id, batch.position) if batch.position and self._backlog else 0
         for index, value in enumerate(values):

@@ -47,9 +47,10 @@ import orjson
 from ingest.order import file_key, first_line_of
 from ingest.ship.batcher import Batcher
 from ingest.ship.chunks import Chunk, ChunkQueue, Source
+from ingest.ship.cluster import Probe
 from ingest.ship.frames import FrameQueue, forward_frames, send_pid
 from ingest.ship.options import ShipOptions, ShipStats
-from ingest.ship.positions import BacklogFile, Positions, measure_backlog
+from ingest.ship.positions import BacklogFile, Positions, measure_backlog, resume_position
 from ingest.ship.readers import file_reader, pipe_reader
 from ingest.ship.sender import Sender
 from ingest.ship.spool import Spool
@@ -58,9 +59,11 @@ __all__ = ["ShipOptions", "ShipStats", "run_ship"]
 
 log = logging.getLogger("rootrank.ship")
 
-def _state_key(options: ShipOptions, files: Sequence[str], command: Sequence[str]) -> str:
+def _state_key(options: ShipOptions, files: Sequence[str], command: Sequence[str], cluster_key: str) -> str:
+    """The state folder of these inputs shipped to this Kafka (ingest/ship/cluster.py): its positions and
+    spool say what that cluster got, not what another one did."""
     basis = orjson.dumps([options.job_id, options.rank, options.topic, sorted(str(Path(f).resolve()) for f in files),
-                          list(command[:1])])
+                          list(command[:1]), cluster_key])
     return hashlib.sha1(basis).hexdigest()[:12]
 
 
@@ -95,8 +98,13 @@ def run_ship(options: ShipOptions, *, files: Sequence[str] = (), command: Sequen
     sys.setswitchinterval(0.001)
     # Batches are millions of short-lived tuples and no cycles: collecting them is pure overhead.
     gc.set_threshold(200_000, 50, 100)
-    with _locked_dir(Path(options.state_dir), _state_key(options, files, command)) as state:
-        return _run(options, state, list(files), list(command))
+    probe = Probe(options.kafka, options.topic, Path(options.state_dir), connect=bool(files))
+    try:
+        cluster_key = probe.cluster_key
+        with _locked_dir(Path(options.state_dir), _state_key(options, files, command, cluster_key)) as state:
+            return _run(options, state, list(files), list(command), probe)
+    finally:
+        probe.close()
 
 
 
@@ -145,6 +153,14 @@ def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[
         threading.Thread(target=_watch_control, args=(control_fd, sender), name="ship-control", daemon=True).start()
     frames = FrameQueue(fd, sources)
     batcher = Batcher(options, sources, frames, sender, positions, stats, backlog)
+    names = {batcher.key_of(source): source.name for source in sources.values() if source.file is not None}
+
+    def landed(key: bytes, partition: int, offset: int) -> None:
+        name = names.get(key)
+        if name is not None:
+            positions.acknowledged(name, partition, offset)
+
+    sender.on_kafka_ack = landed
     if options.on_start is not None:
         options.on_start(stats, options.line_filter)
     progress = _start_progress(options, stats, backlog)
@@ -204,7 +220,46 @@ def _resume_numbering(sources: dict[int, Source], positions: Positions, backlog:
             source.fresh = False
 
 
-def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]) -> int:
+def _check_positions(options: ShipOptions, sources: dict[int, Source], positions: Positions, probe: Probe) -> None:
+    """Before anything is read: a file shipped to this Kafka before resumes where it stopped, and says so
+    when nothing is left; --from-start, or a topic that no longer holds what was shipped (a fresh stack
+    that gives the same cluster id), ships it from its first line again."""
+    for source in sources.values():
+        if source.file is None:
+            continue
+        saved = positions.get(source.name)
+        if saved is None:
+            continue
+        when = _when(saved)
+        kafka = saved.get("kafka")
+        if options.from_start:
+            positions.forget(source.name)
+            continue
+        if isinstance(kafka, list) and len(kafka) == 2 and probe.holds(int(kafka[0]), int(kafka[1])) is False:
+            print(f"rootrank ship: {source.file}: {options.topic} no longer holds the lines shipped {when} (a new stack?); "
+                  "sending them again", file=sys.stderr, flush=True)
+            positions.forget(source.name)
+            continue
+        try:
+            st = os.stat(source.file)
+        except OSError:
+            continue
+        if resume_position(saved, st.st_ino, st.st_size) == st.st_size and not options.follow:
+            print(f"rootrank ship: {source.file}: already shipped up to line {int(saved.get('line', 0))} {when}; "
+                  "--from-start sends it again", file=sys.stderr, flush=True)
+    positions.save()
+
+
+def _when(saved: dict[str, Any]) -> str:
+    at = saved.get("at")
+    if not isinstance(at, (int, float)):
+        return "earlier"
+    import datetime as dt
+
+    return "at " + dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _run(options: ShipOptions, state: Path, files: list[str], command: list[str], probe: Probe) -> int:
     """Two processes: this one reads the inputs (and passes a wrapped command's output through);
     a forked, lower-priority one batches and sends. Only chunks cross, through a pipe."""
     sources: dict[int, Source] = {}
@@ -223,7 +278,10 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
     else:
         add_source(name="stdin")
 
-    positions = Positions(state / "positions.json")  # read-only here: where followed files resume
+    positions = Positions(state / "positions.json")  # where followed files resume (written here only below)
+    if files:
+        _check_positions(options, sources, positions, probe)
+    probe.close()  # no connection is forked into the shipping process
     # Files: their backlog, measured before any is read (the shipping process shows its progress).
     backlog = measure_backlog(sources, positions) if files else None
     _resume_numbering(sources, positions, backlog)
