@@ -167,3 +167,27 @@ def line_process(text: str) -> Hashable:
                 return known
     ident = identify_line(text)
     return (ident.rank, ident.host, ident.pid, ident.local_rank)
+
+
+_BYTE_HEADS: dict[bytes, bool] = {}  # a line's leading b"[...]:" -> whether it is prefixes naming a rank
+
+
+def process_bytes(buf: bytes, start: int, end: int) -> bytes:
+    """Bytes that tell apart the processes of the UTF-8 lines `buf[start:end]` (never two of them as one, as
+    `line_process` tells them): a leading prefix that names a rank (`[rank37]:`, what a raw screen of many
+    lines meets most) as its own bytes, looked at once per prefix; else the process `line_process` reads.
+    Starts with a NUL, so it can follow other bytes of a key."""
+    if buf[start : start + 1] == b"[":
+        close = buf.find(b"]", start + 1, min(end, start + 32))
+        if close > 0:
+            stop = close + 2 if buf[close + 1 : close + 2] == b":" else close + 1
+            head = buf[start:stop]
+            named = _BYTE_HEADS.get(head)
+            if named is None:
+                if len(_BYTE_HEADS) > 1 << 16:
+                    _BYTE_HEADS.clear()
+                ident = parse_prefixes(head.decode("utf-8", "replace") + " x")
+                named = _BYTE_HEADS[head] = ident.rank is not None and ident.text.strip() == "x"
+            if named:
+                return b"\0" + head
+    return b"\0\0" + repr(line_process(buf[start:end].decode("utf-8", "replace"))).encode()
