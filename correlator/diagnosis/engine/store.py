@@ -193,10 +193,19 @@ class SignalStore(JobFacts):
             floors.pop(which, None)
 
     def _delete(self, position: int) -> None:
-        """The one way a kept signal leaves `signals`: positions after it move, so the key index is rebuilt
-        on its next use, and every marker floor is forgotten (the set it was read from changed)."""
-        del self.signals[position]
-        self._lookup.index = None
+        """The one way a kept signal leaves `signals`: positions after it move down one in the key index
+        (rebuilt on its next use when it does not hold the signal), and every marker floor is forgotten (the
+        set it was read from changed). Moving the positions costs a pass over ints; a rebuild, a key made of
+        each kept signal's fields, which a job of many ranks paid on every progress marker it replaced."""
+        removed = self.signals.pop(position)
+        lookup = self._lookup
+        index = lookup.index
+        key = dedupe_key(removed) if index is not None and lookup.of is self.signals else None
+        if index is not None and key is not None and index.get(key) == position:
+            del index[key]
+            lookup.index = {k: i - 1 if i > position else i for k, i in index.items()}
+        else:
+            lookup.index = None
         self._forget_floors()
 
     def _evict(self, position: int) -> None:
