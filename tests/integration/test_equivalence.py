@@ -153,8 +153,12 @@ LAB_OUT = os.environ.get("ROOTRANK_LAB_OUT")
 
 
 def _lab_jobs(root: Path) -> list[EqJob]:
-    """Each case folder of the lab's output: its log files (folders of hosts keep their host names)."""
+    """Each case folder of the lab's output: its log files, a per-host file or folder (`node01.log`,
+    `node01/...`) shipped with `--host` of that name, as the issue's user shipped them."""
+    from ingest.prefixes import identity_from_path
+
     jobs = []
+    stamp = time.time_ns() % 10**6
     for case in sorted(p for p in root.iterdir() if p.is_dir()):
         files = sorted(p for p in case.rglob("*") if p.is_file() and p.suffix in (".log", ".out", ".err", ".txt")
                        and not p.name.startswith("."))
@@ -162,9 +166,9 @@ def _lab_jobs(root: Path) -> list[EqJob]:
             continue
         hosts: dict[Path, str | None] = {}
         for f in files:
-            parts = f.relative_to(case).parts
-            hosts[f] = parts[0] if len(parts) > 1 and not parts[0].startswith("attempt_") else None
-        jobs.append(EqJob(case.name, f"lab-{case.name}-{time.time_ns() % 10**6}", files, "ship", hosts))
+            host = identity_from_path(str(f.relative_to(case))).get("host")
+            hosts[f] = host if isinstance(host, str) else None
+        jobs.append(EqJob(case.name, f"lab-{case.name}-{stamp}", files, "ship", hosts))
     return jobs
 
 

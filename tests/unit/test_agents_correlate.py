@@ -282,3 +282,23 @@ def test_a_window_restored_on_a_partition_just_taken_waits_a_quiet_window() -> N
     assert quiet_jobs(entries, now=120.0, quiet_window_s=5.0, active_partitions={1}, taken_at=taken) == []
     assert next_quiet_at(entries, now=120.0, quiet_window_s=5.0, active_partitions={1}, taken_at=taken) == 123.0
     assert quiet_jobs(entries, now=123.5, quiet_window_s=5.0, active_partitions={1}, taken_at=taken) == ["restored"]
+
+
+def test_a_failure_later_lines_show_was_survived_is_sent_again_as_recovered(ruleset: RuleSet,
+                                                                           extractor: SignalExtractor) -> None:
+    """Rank 3's OOM is closed as the failure; then its later progress lines arrive (a forwarder held them
+    up): the job went on after it, so the incident is revised, recovered, as `rootrank diagnose` of all the
+    lines reports it. (Off: a revision is sent only when class, initiator or collateral change -> the store
+    keeps the OOM open as what ended the job.)"""
+    correlator = JobCorrelator(Engine(ruleset), quiet_window_s=QUIET_S)
+    entry = JobEntry(state=JobState(job_id="j"))
+    entry.state.add_all(oom_signals(extractor, "j", [(3, 0.0)]), now=100.0)
+    first = correlator.close(entry, 110.0)
+    assert [(i.class_, i.recovered, i.revision) for i in first] == [("cuda_oom", False, 1)]
+    later = [LogEvent(job_id="j", host="node-0", rank=3, ts=T0 + timedelta(seconds=at), offset=10 + n,
+                      file="rank3.log", line=f"{{'loss': 2.31, 'grad_norm': 1.02, 'learning_rate': 3e-05, 'epoch': {n}}}")
+             for n, at in enumerate((30.0, 60.0, 90.0))]
+    entry.state.add_all(extractor.from_events(later), now=120.0)
+    entry.open = True
+    revised = correlator.close(entry, 130.0)
+    assert [(i.incident_id, i.recovered, i.revision) for i in revised] == [(first[0].incident_id, True, 2)]

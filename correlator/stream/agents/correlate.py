@@ -47,9 +47,12 @@ def signal_digest(raw: bytes) -> str:
 
 
 def incident_fingerprint(incident: Incident) -> str:
-    """What makes a new revision: the class, the initiator and the collateral."""
+    """What makes a new revision: the class, the initiator, the collateral, and whether the job survived it (a
+    failure later lines show the job went on after becomes a recovered warning: the sink and the receivers
+    must hear it, or the store keeps it open as what ended the job while `diagnose` lists it as survived)."""
     data = incident.to_json_dict()
-    basis = {"class": data["class"], "initiator": data["initiator"], "collateral": data["collateral"]}
+    basis = {"class": data["class"], "initiator": data["initiator"], "collateral": data["collateral"],
+             "recovered": data["recovered"]}
     return hashlib.sha256(orjson.dumps(basis, option=orjson.OPT_SORT_KEYS)).hexdigest()[:24]
 
 
