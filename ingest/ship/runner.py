@@ -54,6 +54,7 @@ from ingest.ship.positions import BacklogFile, Positions, measure_backlog, resum
 from ingest.ship.readers import file_reader, pipe_reader
 from ingest.ship.sender import Sender
 from ingest.ship.spool import Spool
+from ingest.ship.wire_format import CONTEXT_LINES, CONTEXT_MAX_BYTES
 
 __all__ = ["ShipOptions", "ShipStats", "run_ship"]
 
@@ -198,10 +199,28 @@ def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[
     return 1 if stats.dropped_lines else 0
 
 
+def _lines_before(path: str, pos: int) -> list[str]:
+    """The last lines of `path` before byte `pos` (a line's start): a resumed run's first batch's context."""
+    begin = max(0, pos - CONTEXT_MAX_BYTES)
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(begin)
+            data = fh.read(pos - begin)
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").split("\n")
+    if data.endswith(b"\n"):
+        lines.pop()
+    if begin > 0:
+        lines = lines[1:]  # the first may be the end of a longer line
+    return lines[-CONTEXT_LINES:]
+
+
 def _resume_numbering(sources: dict[int, Source], positions: Positions, backlog: dict[int, BacklogFile] | None) -> None:
     """Before the shipping process is forked (it inherits the sources): a file that resumes from a saved
-    position numbers its lines from the saved line number, and every file's key is read from its first
-    line (ingest/order.py), so the lines' positions and order are the file's whatever run sends them."""
+    position numbers its lines from the saved line number and has the lines before it for its first
+    batch's context, and every file's key is read from its first line (ingest/order.py), so the lines'
+    positions, order and look back are the file's whatever run sends them."""
     for source in sources.values():
         if source.file is None:
             continue
@@ -210,6 +229,7 @@ def _resume_numbering(sources: dict[int, Source], positions: Positions, backlog:
         if start is not None and start.start > 0 and saved is not None:
             source.next_line = int(saved.get("line", 0))
             source.fresh = False
+            source.recent = _lines_before(source.file, start.start)
         try:
             with open(source.file, "rb") as fh:
                 head = fh.read(65536)
