@@ -42,6 +42,9 @@ HARDER = [
     ("straggler_hang", 7, "single", Options(herrings=True)),
     ("nccl_timeout", 8, "fluentbit", Options(tp_size=4)),
     ("host_oom_kill", 9, "hosts", Options(restart="cuda_oom")),
+    # every rank raises the same error before any line with a time: files ordered by their keys alone
+    ("launch_config_error", 0, "hosts", Options()),
+    ("launch_config_error", 0, "logdir", Options()),
 ]
 
 
