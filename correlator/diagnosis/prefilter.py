@@ -250,13 +250,15 @@ class JsonScreen:
             streams = [_PER_LINE_FIELD.sub(b"", outside) for outside in outsides]
         base = self.matcher.routine_base
         is_metric, value_of = self.matcher.routine_metric, self.matcher.routine_value
-        latest: dict[tuple[int, bytes], int] = {}
+        progress: list[tuple[int, bytes]] = []  # (routine id, stream) of each progress hit, in buffer order
+        progress_at: list[int] = []
         highest: dict[tuple[int, bytes], tuple[float, int]] = {}
         lowest: dict[tuple[int, bytes], tuple[float, int]] = {}
         for at, (lo, hi), stream in zip(positions, bounds, streams, strict=True):
             for _, rid in routine_only[at]:
                 if not is_metric[rid - base]:
-                    latest[rid, stream] = at  # in buffer order: the last one is the latest
+                    progress.append((rid, stream))
+                    progress_at.append(at)
                     continue
                 regex, name = value_of[rid - base]
                 found = regex.search(scanned, lo + 1, hi) if regex is not None else None
@@ -276,6 +278,7 @@ class JsonScreen:
                 low = lowest.get(pair)
                 if low is None or value < low[0]:
                     lowest[pair] = (value, at)
+        latest = dict(zip(progress, progress_at, strict=True))  # in buffer order: the last one is the latest
         winners.update(latest.values())
         winners.update(at for _, at in highest.values())
         winners.update(at for _, at in lowest.values())
