@@ -76,7 +76,8 @@ PROGRESS_HELP = (
 @config_option
 @bootstrap_option
 @click.option("--job", help="Job id; when not given: derived by the worker from labels, paths or the host.")
-@click.option("--host", help="Host name to tag lines with; when not given: this machine's.")
+@click.option("--host", help="Host name to tag lines with; when not given: this machine's for a wrapped command or "
+              "stdin, none for files (their lines and paths say who wrote them, as for `diagnose`).")
 @click.option("--rank", type=int, help="Global rank, when one process writes the stream.")
 @click.option("--local-rank", type=int, help="Rank within its host, when one process writes the stream.")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", callback=_labels,
