@@ -17,6 +17,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +124,62 @@ class Probe:
 
 def key_digest(cluster_key: str) -> str:
     return hashlib.sha1(cluster_key.encode()).hexdigest()[:8]
+
+
+@dataclass
+class ProbeResult:
+    """What a probe found: the key positions are kept under, and for each (partition, offset) it was asked
+    about whether the topic still holds it (None: could not tell)."""
+
+    cluster_key: str
+    holds: dict[tuple[int, int], bool | None] = field(default_factory=dict)
+
+
+def probe_in_child(kafka: dict[str, Any], topic: str, state_dir: Path, positions_file: Callable[[str], Path], *,
+                   connect: bool, timeout_s: float = 3.0) -> ProbeResult:
+    """A Probe run in a short-lived forked process, so that the shipper's own processes never hold a Kafka
+    client before they fork (a kafka-python client's IO thread, left in the reading process, slowed it down
+    while the broker was gone). `positions_file(cluster_key)` is where the positions kept under a key are:
+    the child asks about the coordinates they record."""
+    if not connect:
+        return ProbeResult(Probe(kafka, topic, state_dir, connect=False).cluster_key)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the probe's process
+        code = 1
+        try:
+            os.close(read_end)
+            probe = Probe(kafka, topic, state_dir, timeout_s=timeout_s)
+            try:
+                key = probe.cluster_key
+                holds = [[p, o, probe.holds(p, o)] for p, o in _recorded(positions_file(key))]
+            finally:
+                probe.close()
+            with os.fdopen(write_end, "wb") as out:
+                out.write(orjson.dumps({"key": key, "holds": holds}))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as src:
+        data = src.read()
+    os.waitpid(pid, 0)
+    try:
+        found = orjson.loads(data)
+        return ProbeResult(str(found["key"]), {(int(p), int(o)): h for p, o, h in found["holds"]})
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return ProbeResult(Probe(kafka, topic, state_dir, connect=False).cluster_key)
+
+
+def _recorded(path: Path) -> list[tuple[int, int]]:
+    """The (partition, offset) pairs the positions in `path` record."""
+    try:
+        saved = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return []
+    out = []
+    for entry in saved.values() if isinstance(saved, dict) else ():
+        kafka = entry.get("kafka") if isinstance(entry, dict) else None
+        if isinstance(kafka, list) and len(kafka) == 2 and all(isinstance(x, int) for x in kafka):
+            out.append((kafka[0], kafka[1]))
+    return out

@@ -47,7 +47,7 @@ import orjson
 from ingest.order import file_key, first_line_of
 from ingest.ship.batcher import Batcher
 from ingest.ship.chunks import Chunk, ChunkQueue, Source
-from ingest.ship.cluster import Probe
+from ingest.ship.cluster import ProbeResult, probe_in_child
 from ingest.ship.frames import FrameQueue, forward_frames, send_pid
 from ingest.ship.options import ShipOptions, ShipStats
 from ingest.ship.positions import BacklogFile, Positions, measure_backlog, resume_position
@@ -99,13 +99,12 @@ def run_ship(options: ShipOptions, *, files: Sequence[str] = (), command: Sequen
     sys.setswitchinterval(0.001)
     # Batches are millions of short-lived tuples and no cycles: collecting them is pure overhead.
     gc.set_threshold(200_000, 50, 100)
-    probe = Probe(options.kafka, options.topic, Path(options.state_dir), connect=bool(files))
-    try:
-        cluster_key = probe.cluster_key
-        with _locked_dir(Path(options.state_dir), _state_key(options, files, command, cluster_key)) as state:
-            return _run(options, state, list(files), list(command), probe)
-    finally:
-        probe.close()
+    base = Path(options.state_dir)
+    probe = probe_in_child(options.kafka, options.topic, base,
+                           lambda key: base / _state_key(options, files, command, key) / "positions.json",
+                           connect=bool(files))
+    with _locked_dir(base, _state_key(options, files, command, probe.cluster_key)) as state:
+        return _run(options, state, list(files), list(command), probe)
 
 
 
@@ -240,7 +239,7 @@ def _resume_numbering(sources: dict[int, Source], positions: Positions, backlog:
             source.fresh = False
 
 
-def _check_positions(options: ShipOptions, sources: dict[int, Source], positions: Positions, probe: Probe) -> None:
+def _check_positions(options: ShipOptions, sources: dict[int, Source], positions: Positions, probe: ProbeResult) -> None:
     """Before anything is read: a file shipped to this Kafka before resumes where it stopped, and says so
     when nothing is left; --from-start, or a topic that no longer holds what was shipped (a fresh stack
     that gives the same cluster id), ships it from its first line again."""
@@ -255,7 +254,7 @@ def _check_positions(options: ShipOptions, sources: dict[int, Source], positions
         if options.from_start:
             positions.forget(source.name)
             continue
-        if isinstance(kafka, list) and len(kafka) == 2 and probe.holds(int(kafka[0]), int(kafka[1])) is False:
+        if isinstance(kafka, list) and len(kafka) == 2 and probe.holds.get((int(kafka[0]), int(kafka[1]))) is False:
             print(f"rootrank ship: {source.file}: {options.topic} no longer holds the lines shipped {when} (a new stack?); "
                   "sending them again", file=sys.stderr, flush=True)
             positions.forget(source.name)
@@ -279,7 +278,7 @@ def _when(saved: dict[str, Any]) -> str:
     return "at " + dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _run(options: ShipOptions, state: Path, files: list[str], command: list[str], probe: Probe) -> int:
+def _run(options: ShipOptions, state: Path, files: list[str], command: list[str], probe: ProbeResult) -> int:
     """Two processes: this one reads the inputs (and passes a wrapped command's output through);
     a forked, lower-priority one batches and sends. Only chunks cross, through a pipe."""
     sources: dict[int, Source] = {}
@@ -301,7 +300,6 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
     positions = Positions(state / "positions.json")  # where followed files resume (written here only below)
     if files:
         _check_positions(options, sources, positions, probe)
-    probe.close()  # no connection is forked into the shipping process
     # Files: their backlog, measured before any is read (the shipping process shows its progress).
     backlog = measure_backlog(sources, positions) if files else None
     _resume_numbering(sources, positions, backlog)
