@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,8 @@ def print_worker_profile(path: Path, top: int = 30) -> None:
 def run_scenario(broker: Any, workdir: Path, name: str, values: list[tuple[bytes | None, bytes]], lines: int,
                  log_bytes: int, *, compression: str | None, timeout: float,
                  producer_batch: int | None = None, worker_profile: Path | None = None,
-                 worker_settings: dict[str, str] | None = None) -> dict[str, float]:
+                 worker_settings: dict[str, str] | None = None,
+                 before_worker: Callable[[], None] | None = None) -> dict[str, float]:
     from tests.fixtures.kafka import WorkerProcess, ensure_pipeline_topics, pipeline_env, read_topic
 
     settings = _topic_settings(name)
@@ -147,6 +149,8 @@ def run_scenario(broker: Any, workdir: Path, name: str, values: list[tuple[bytes
     raw_s, raw_msgs, _ = consume_all(broker, topic, len(values))
     lines_per_msg = lines / len(values)
     raw_lines_s = raw_msgs * lines_per_msg / raw_s
+    if before_worker is not None:  # another reference read of the filled topic, before the worker runs
+        before_worker()
 
     if worker_profile is not None:
         worker = _profiled_worker(env, workdir / f"worker-{name}.log", "match,correlate",

@@ -16,7 +16,7 @@ from enum import Enum
 
 from ingest.prefixes import Identity, parse_prefixes
 
-__all__ = ["IdentityCarrier", "is_continuation", "split_glued"]
+__all__ = ["IdentityCarrier", "is_continuation", "lookback_needs", "split_glued"]
 
 # tqdm with a total: "Epoch 0:   6%|██   | 32040/500150 [6:28:43<94:39:17,  1.37it/s, loss=2.6]"
 _TQDM_BAR = re.compile(
@@ -186,3 +186,28 @@ class IdentityCarrier:
             self._carried = None
         self._state = _state_after(text, state)
         return ident
+
+
+def lookback_needs(before: list[str]) -> list[str]:
+    """Of the lines before a point of a file (in file order, the closest last), those a line after that
+    point may take its time or its owner from (correlator/diagnosis/framing.py looks back at most
+    len(before) lines): back to the closest line with a time of its own, and back through the lines
+    that continue a record to the line naming its writer. A look back that would find neither there
+    finds nothing in fewer lines either, so those are left out. Usually the last line or two; a shipped
+    batch carries them as its context."""
+    need = len(before)
+    for at in range(len(before) - 1, -1, -1):  # the closest timed line
+        if parse_prefixes(before[at]).ts is not None:
+            need = at
+            break
+    for at in range(len(before) - 1, -1, -1):  # the record the next lines may continue, and its writer
+        line = before[at]
+        if not line.strip():
+            break
+        ident = parse_prefixes(line)
+        if ident.has_identity():
+            need = min(need, at)
+            break
+        if not (is_continuation(line) or is_continuation(ident.text)):
+            break
+    return before[need:]

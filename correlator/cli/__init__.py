@@ -27,6 +27,7 @@ COMMANDS = {
     "rules": "correlator.cli.rules:rules",
     "worker": "correlator.cli.stream:worker",
     "ship": "correlator.cli.ship:ship",
+    "replay": "correlator.cli.replay:replay",
     "up": "correlator.cli.stream:up",
     "webhooks": "correlator.cli.webhooks:webhooks",
     "config": "correlator.cli.config:config_group",

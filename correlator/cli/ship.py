@@ -80,7 +80,8 @@ PROGRESS_HELP = (
 @click.option("--host-from", type=click.Choice(["dir", "stem", "prefix"]), default=None,
               help="Where a file's lines get their host when they name none: dir, the file's folder "
               "(logs/node04/rank-37.log -> node04); stem, its name (logs/node04.log -> node04); prefix (the "
-              "default), this machine's name. Always: a host the line names itself wins (a syslog or kernel "
+              "default), the lines' own prefixes and the path's conventions, as for `diagnose` (a wrapped command "
+              "or stdin: this machine's name). Always: a host the line names itself wins (a syslog or kernel "
               "line's hostname, pdsh's 'host: ', NCCL's host:pid:tid), as it says where the line was written.")
 @click.option("--rank", type=int, help="Global rank, when one process writes the stream.")
 @click.option("--local-rank", type=int, help="Rank within its host, when one process writes the stream.")
@@ -89,6 +90,8 @@ PROGRESS_HELP = (
 @click.option("--file", "-f", "files", multiple=True, metavar="PATH",
               help="A log file or glob to ship (repeatable; more files and globs may follow as arguments).")
 @click.option("--follow", is_flag=True, help="Keep following the files (rotation-aware) until interrupted.")
+@click.option("--from-start", is_flag=True,
+              help="Ship the files from their first line, also what was shipped to this Kafka before.")
 @click.option("--tee", is_flag=True, help="With stdin: also copy the input to stdout.")
 @click.option("--topic", help="Topic to send to; when not given: topics.logs.")
 @click.option("--batch-kib", type=int, default=256, help="Largest size of one message, in KiB.")
@@ -122,7 +125,8 @@ PROGRESS_HELP = (
 @click.pass_context
 def ship(click_ctx: click.Context, config: str | None, bootstrap: str | None, job: str | None, host: str | None,
          host_from: str | None, rank: int | None,
-         local_rank: int | None, labels: dict[str, str], files: tuple[str, ...], follow: bool, tee: bool,
+         local_rank: int | None, labels: dict[str, str], files: tuple[str, ...], follow: bool, from_start: bool,
+         tee: bool,
          topic: str | None, batch_kib: int, linger_ms: int, compression: str, state_dir: str,
          send_timeout: float,
          no_idempotence: bool, spool_max_mib: int, drain_timeout: float, evidence_only: bool, context: int,
@@ -180,6 +184,7 @@ def ship(click_ctx: click.Context, config: str | None, bootstrap: str | None, jo
         spool_max_bytes=spool_max_mib * 1024 * 1024,
         drain_timeout_s=drain_timeout,
         follow=follow,
+        from_start=from_start,
         tee=tee,
         idempotence=not no_idempotence,
         send_timeout_s=send_timeout,

@@ -36,6 +36,8 @@ def _iso_time(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--format", "log_format",
               type=click.Choice(["plain", "fluentbit", "vector", "filebeat", "rsyslog"]),
               default="plain", help="Plain per-host log files, or the messages of this forwarder.")
+@click.option("--layout", type=click.Choice(["hosts", "single", "logdir"]), default="hosts",
+              help="Plain logs: a file per host, the whole job in one file, or torchrun's --log-dir tree per host.")
 @click.option("--noise-lines", type=int, default=24,
               help="Training-chatter lines per rank before the failure.")
 @click.option("--late-lines", type=int, default=0, help="Timestamped lines that arrive 5-60 s late.")
@@ -45,7 +47,7 @@ def _iso_time(ctx: click.Context, param: click.Parameter, value: str | None) -> 
               help="Job start time, ISO 8601; when not given: the job ends just now (found by `incidents --since 1h`).")
 @click.option("--list-classes", is_flag=True, help="Print the class slugs and exit.")
 def simulate(failure_class: str | None, demo: bool, world_size: int, hosts: int, seed: int, skew_max_s: float,
-             log_format: str, noise_lines: int, late_lines: int, initiator_rank: int | None, out: str,
+             log_format: str, layout: str, noise_lines: int, late_lines: int, initiator_rank: int | None, out: str,
              start: datetime | None, list_classes: bool) -> int:
     """Write the logs of a simulated failing multi-rank job, with the truth beside them.
 
@@ -66,7 +68,7 @@ def simulate(failure_class: str | None, demo: bool, world_size: int, hosts: int,
             failure_class or "gpu_hardware_error", world_size=world_size, hosts=hosts, seed=seed,
             skew_max_s=skew_max_s, fmt=log_format, noise_lines=noise_lines, late_lines=late_lines,
             out=Path(out),
-            initiator_rank=initiator_rank, demo=demo, start=start,
+            initiator_rank=initiator_rank, demo=demo, start=start, layout=layout,
         )
     except SimulateError as exc:
         print(f"rootrank simulate: {exc}", file=sys.stderr)

@@ -24,12 +24,13 @@ import re
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import cast
 
 import hyperscan
 import simdjson
 
+from correlator.diagnosis.framing import process_bytes
 from correlator.diagnosis.matcher import Matcher
 from ingest.decoders import DecodeError
 from ingest.decoders.dispatch import TEXT_KEYS, decode_lines
@@ -65,6 +66,7 @@ _TEXT_FIELDS = tuple(f'"{key}":"'.encode() for key in TEXT_KEYS)
 SCREEN_MAX_VALUE_BYTES = 16 * 1024
 _OTHER_ESCAPE = re.compile(rb"\\[^n]")  # any escape but \n (and a backslash escaped itself)
 _INNER_NEWLINE = re.compile(rb'\\n(?!")')
+_HEAD_BYTES = 16  # a text's first bytes that hold a rank prefix (`[rank12345]:`) whole
 
 
 @dataclass
@@ -82,14 +84,16 @@ class JsonScreen:
     batch) and keeps, of the values whose only hits are routine (metric values, progress markers), those
     `SignalExtractor.from_texts` would keep from the whole batch: per routine pattern and stream, the
     latest progress line and the largest and smallest metric value. A routine line's stream is the bytes
-    of its object around its text, without the per-line fields: never coarser than the record's (host,
-    rank, file, stream), so nothing the extractor keeps is dropped; finer only costs a decode."""
+    of its object around its text, without the per-line fields, and the process its prefixes name: never
+    coarser than the record's (host, rank, file, stream) and the line's process, so nothing the extractor
+    keeps is dropped; finer only costs a decode."""
 
     def __init__(self, matcher: Matcher, *, max_value_bytes: int) -> None:
         self.matcher = matcher
         self.max_value_bytes = max_value_bytes
         self.scratch: hyperscan.Scratch | None = None
         self.validator = simdjson.Parser()
+        self._heads: dict[bytes, bytes] = {}  # a text's first _HEAD_BYTES -> the process bytes its rank prefix gives
 
     def screen(self, values: Sequence[bytes | None]) -> Screened:
         everything = Screened(list(range(len(values))))
@@ -104,20 +108,27 @@ class JsonScreen:
         broken = self._broken_json(raw, joined)
         starts = list(accumulate(map((1).__add__, map(len, raw)), initial=0))  # value k: starts[k] .. starts[k+1]-1
         routine_base = self.matcher.routine_base
-        hard: set[int] = set()
-        routine: dict[int, list[tuple[int, int]]] = {}
+        found: list[tuple[int, int]] = []  # (end, expression id) of each match, in buffer order
+        add = found.append
 
         def on_match(expr_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
-            at = bisect_right(starts, to - 1) - 1
-            if expr_id < routine_base:
-                hard.add(at)
-            else:
-                routine.setdefault(at, []).append((to, expr_id))
+            add((to, expr_id))
 
         database = self.matcher.json_prefilter()
         if self.scratch is None:
             self.scratch = hyperscan.Scratch(database)
         database.scan(joined, match_event_handler=on_match, scratch=self.scratch)
+        # Each match's value, then the values with a hit that is not routine, and the others' routine hits.
+        hard: set[int] = set()
+        routine: dict[int, list[tuple[int, int]]] = {}
+        value_at = [bisect_right(starts, to - 1) - 1 for to, _ in found]
+        for at, (to, expr_id) in zip(value_at, found, strict=True):
+            if expr_id < routine_base:
+                hard.add(at)
+            elif at in routine:
+                routine[at].append((to, expr_id))
+            else:
+                routine[at] = [(to, expr_id)]
         chosen = broken | hard | self._routine_winners(joined, starts, {at: h for at, h in routine.items() if at not in hard})
         decode = set() if len(positions) == len(values) else set(range(len(values))).difference(positions)
         decode.update(positions[at] for at in chosen)
@@ -163,8 +174,19 @@ class JsonScreen:
             # Whether each value is a JSON object is left to the validation (`_broken_json`): a value that is
             # not is decoded, as any other.
             # A `rootrank ship` batch is reported by the scan itself (Matcher.json_prefilter).
-            if joined.count(b"\n") == n - 1 and _OTHER_ESCAPE.search(joined) is None:
-                return list(range(n)), list(whole), joined
+            if joined.count(b"\n") == n - 1:
+                other = _OTHER_ESCAPE.search(joined)
+                if other is None:
+                    return list(range(n)), list(whole), joined
+                # A few values with another escape (a traceback's quoted file names): those are decoded, the
+                # rest screened, without a look at each value.
+                starts = list(accumulate(map((1).__add__, map(len, whole)), initial=0))
+                escaped = {bisect_right(starts, m.start()) - 1 for m in _OTHER_ESCAPE.finditer(joined, other.start())}
+                positions = [i for i in range(n) if i not in escaped]
+                if not positions:
+                    return None
+                raw = [whole[i] for i in positions]
+                return positions, raw, b"\n".join(raw)
         positions = [i for i, v in enumerate(values) if v is not None and len(v) <= limit and one_line_json(v)]
         if not positions:
             return None
@@ -173,28 +195,54 @@ class JsonScreen:
 
     def _routine_winners(self, scanned: bytes, starts: list[int], routine_only: dict[int, list[tuple[int, int]]]) -> set[int]:
         winners: set[int] = set()
+        ats = list(routine_only)
+        if not ats:
+            return winners
+        find, cut = scanned.find, scanned.__getitem__
+        begins = [starts[at] for at in ats]
+        ends = [starts[at + 1] - 1 for at in ats]
+        # Each value's text: its opening and closing quote (lo, hi), and a `\n` escape in it, found for all the
+        # values at once (one forwarder's values put their text under the same key).
+        los = [-1] * len(ats)
+        for key in _TEXT_FIELDS:
+            missing = [k for k, lo in enumerate(los) if lo < 0]
+            if not missing:
+                break
+            shift = len(key) - 1
+            for k, lo in zip(missing, map(find, repeat(key), [begins[k] for k in missing], [ends[k] for k in missing]),
+                             strict=True):
+                if lo >= 0:
+                    los[k] = lo + shift
+        after = [lo + 1 for lo in los]
+        his = list(map(find, repeat(b'"'), after, ends))
+        newlines = list(map(find, repeat(b"\\n"), after, his))
+        # A text's first bytes, when they are a prefix naming a rank (`[rank37]:`), say its process: looked at once
+        # per distinct first bytes.
+        firsts = list(map(cut, map(slice, after, map(min, map((_HEAD_BYTES).__add__, after), his))))
+        heads = self._heads
         positions: list[int] = []
         bounds: list[tuple[int, int]] = []  # (opening quote, closing quote) of each line's text
         outsides: list[bytes] = []
-        find = scanned.find
-        for at, hits in routine_only.items():
-            start, end = starts[at], starts[at + 1] - 1
-            lo = -1
-            for key in _TEXT_FIELDS:
-                lo = find(key, start, end)
-                if lo >= 0:
-                    lo += len(key) - 1  # the opening quote
-                    break
-            hi = find(b'"', lo + 1, end) if lo >= 0 else -1
-            newline = find(b"\\n", lo + 1, hi)
+        for k, at in enumerate(ats):
+            lo, hi, newline = los[k], his[k], newlines[k]
             # The routine match in the text, and the text one line (a Fluent Bit `log` ends with a \n):
             # else the extractor decides.
-            if not lo < hits[0][0] - 1 <= hi or (newline >= 0 and newline != hi - 2):
+            if lo < 0 or not lo < routine_only[at][0][0] - 1 <= hi or (newline >= 0 and newline != hi - 2):
                 winners.add(at)
                 continue
             positions.append(at)
             bounds.append((lo, hi))
-            outsides.append(scanned[start:lo] + scanned[hi + 1:end])
+            # The stream is the bytes around the text and the process the text's prefixes name (the
+            # extractor folds per stream and process).
+            process = heads.get(firsts[k])
+            if process is None:
+                process = process_bytes(scanned, lo + 1, hi)
+                # Named by a prefix held whole in the first bytes: the same for the same first bytes.
+                if process[:2] != b"\0\0" and len(process) <= len(firsts[k]) + 1:
+                    if len(heads) > 1 << 16:
+                        heads.clear()
+                    heads[firsts[k]] = process
+            outsides.append(cut(slice(begins[k], lo)) + cut(slice(hi + 1, ends[k])) + process)
         if not positions:
             return winners
         streams = _PER_LINE_FIELD.sub(b"", b"\n".join(outsides)).split(b"\n")
@@ -202,13 +250,15 @@ class JsonScreen:
             streams = [_PER_LINE_FIELD.sub(b"", outside) for outside in outsides]
         base = self.matcher.routine_base
         is_metric, value_of = self.matcher.routine_metric, self.matcher.routine_value
-        latest: dict[tuple[int, bytes], int] = {}
+        progress: list[tuple[int, bytes]] = []  # (routine id, stream) of each progress hit, in buffer order
+        progress_at: list[int] = []
         highest: dict[tuple[int, bytes], tuple[float, int]] = {}
         lowest: dict[tuple[int, bytes], tuple[float, int]] = {}
         for at, (lo, hi), stream in zip(positions, bounds, streams, strict=True):
             for _, rid in routine_only[at]:
                 if not is_metric[rid - base]:
-                    latest[rid, stream] = at  # in buffer order: the last one is the latest
+                    progress.append((rid, stream))
+                    progress_at.append(at)
                     continue
                 regex, name = value_of[rid - base]
                 found = regex.search(scanned, lo + 1, hi) if regex is not None else None
@@ -228,6 +278,7 @@ class JsonScreen:
                 low = lowest.get(pair)
                 if low is None or value < low[0]:
                     lowest[pair] = (value, at)
+        latest = dict(zip(progress, progress_at, strict=True))  # in buffer order: the last one is the latest
         winners.update(latest.values())
         winners.update(at for _, at in highest.values())
         winners.update(at for _, at in lowest.values())

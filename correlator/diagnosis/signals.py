@@ -225,6 +225,8 @@ class SignalExtractor:
         order_of: Callable[[int], int],
         runs: Sequence[tuple[int, int]] = (),
         known: Mapping[tuple[int, int], str] | None = None,
+        frame: Callable[[int, Hit], tuple[LogEvent, str, bool]] | None = None,
+        process_of: Callable[[int], Hashable] | None = None,
     ) -> list[Signal]:
         """Scan a batch of raw lines once; build events only for the lines that hit.
 
@@ -235,28 +237,49 @@ class SignalExtractor:
         `runs`: ranges [lo, hi) of lines that share one `stream_of` (a shipped batch's), whose latest
         progress lines are found by scanning their tails (`Matcher.scan_routine`). `known`: line ranges
         whose texts the caller has joined already (each is "\n".join(texts[lo:hi]), no text holding "\n").
+        `frame(i, hit)`: line i's event, its text as the rule matched it and whether its time is borrowed,
+        for lines of a file (correlator/diagnosis/framing.py), in place of `event_at`; the first hit of a
+        line frames it, as `rootrank diagnose` does.
         """
         routine: dict[tuple[int, ExprRole, Hashable], Peak] = {}  # (rule, role, stream) -> its peak: `fold_peaks`
         capped = not runs  # lines that come with their streams' runs get every progress line looked at
         runs = [run for run in runs if run[1] - run[0] >= MIN_RUN_LINES]
+        if process_of is not None:
+            stream_alone = stream_of
+
+            def stream_and_process(i: int) -> Hashable:
+                return (stream_alone(i), process_of(i))
+
+            stream_of = stream_and_process
         encoded = _encode_lines(texts, runs, known)
         if encoded is None:
             indexed = self._scan_texts(texts)
         else:
             buf, byte_runs = encoded
             main_raw, _ = self.matcher.scan_split(buf, routine=False)
-            routine_raw = self.matcher.scan_routine(buf, byte_runs)
+            routine_raw = self.matcher.scan_routine(buf, byte_runs if process_of is None else [])
             indexed = self.matcher.scan_joined(buf, raw=main_raw)
             indexed.extend(self._routine_lines(buf, routine_raw, {i for i, _ in indexed}, texts, stream_of, routine,
-                                               runs, capped=capped))
+                                               runs if process_of is None else (), capped=capped))
             indexed.sort(key=lambda pair: (pair[0], pair[1].rule_index))
+        framed: dict[int, tuple[LogEvent, str, bool]] = {}
+
+        def signal_at(index: int, hit: Hit) -> Signal:
+            if frame is None:
+                return self.signal_for(event_at(index), hit, order_of(index), raw=texts[index])
+            done = framed.get(index)
+            if done is None:
+                done = framed[index] = frame(index, hit)
+            event, raw, borrowed = done
+            return self.signal_for(event, hit, order_of(index), raw=raw, time_borrowed=borrowed)
+
         out: list[Signal] = []
         keys: list[tuple[int, ExprRole, Hashable]] = []
         values: list[float] = []
         lines: list[int] = []
         for index, hit in best_hits_per_line(indexed, self.rules):
             if not self.is_routine(hit):
-                out.append(self.signal_for(event_at(index), hit, order_of(index), raw=texts[index]))
+                out.append(signal_at(index, hit))
                 continue
             keys.append((hit.rule_index, hit.role, stream_of(index)))
             values.append(self.metric_value(hit, texts[index]) if hit.role == "main" else float(index))
@@ -264,7 +287,7 @@ class SignalExtractor:
         fold_peaks(routine, keys, values, lines)
         for (rule_index, role, _stream), (_value, at, low) in sorted(routine.items(), key=lambda kv: kv[1][1]):
             index = int(at)  # in line order
-            signal = self.signal_for(event_at(index), Hit(0, 0, rule_index, role), order_of(index), raw=texts[index])
+            signal = signal_at(index, Hit(0, 0, rule_index, role))
             if "metric" in signal.fields:
                 signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
             out.append(signal)

@@ -7,7 +7,6 @@ the same decoders the streaming worker uses.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import io
@@ -16,13 +15,12 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 from correlator.diagnosis.engine import Engine, JobState
 from correlator.diagnosis.engine.keys import sort_key
+from correlator.diagnosis.framing import frame_line, identify_line, line_process, lines_before
 from correlator.diagnosis.matcher import Buffer, Hit, Matcher
 from correlator.diagnosis.models import Incident, Signal
 from correlator.diagnosis.routine_fold import merge_metric_signals, metric_of
@@ -30,13 +28,11 @@ from correlator.diagnosis.rules import RuleSet, load_ruleset
 from correlator.diagnosis.signals import SignalExtractor, best_hits_per_line
 from correlator.offline.routine import RoutineAggregate, RoutineAggregator
 from ingest.event import LogEvent
-from ingest.multiline import is_continuation, split_glued
+from ingest.order import file_key, first_line_of, line_order, message_position, record_key
 from ingest.prefixes import (
     Identity,
-    SrunLabels,
     hosts_among,
     identity_from_path,
-    parse_prefixes,
     sniff_srun_labels,
 )
 
@@ -45,10 +41,10 @@ if TYPE_CHECKING:
 
     from _typeshed import WriteableBuffer
 
+    from ingest.decoders import RawRecord
+
 CHUNK_BYTES = 16 * 1024 * 1024
-CONTINUATION_LOOKBACK = 64
 SNIFF_BYTES = 256 * 1024  # the head of a file read for its prefix style (sniff_srun_labels)
-_ORDER_STRIDE = 10**12  # orders of different files never interleave when no timestamps exist
 
 
 class InputError(Exception):
@@ -132,6 +128,30 @@ def _looks_json_lines(head: bytes) -> bool:
     return (stripped.startswith(b"{") and b"}\n" in head[:65536]) or (stripped.startswith(b"{") and head.rstrip().endswith(b"}"))
 
 
+_SYSLOG_FIRST = frozenset(b"<0123456789ADFJMNOS")  # what an rsyslog header starts with (a priority, a date, a month)
+
+
+def _looks_syslog(head: bytes) -> bool:
+    """rsyslog's output (RSYSLOG_FileFormat, the traditional format, RFC 5424): its first lines (up to five)
+    all start with a syslog header. Such a file is read record by record with the rsyslog decoder, as the
+    stream reads rsyslog's messages, so its messages are scanned without their headers."""
+    stripped = head.lstrip()
+    if not stripped or stripped[0] not in _SYSLOG_FIRST:
+        return False
+    from ingest.decoders import rsyslog  # only for a file that may be rsyslog's
+
+    lines = [line for line in stripped[:65536].split(b"\n")[:6] if line.strip()][:5]
+    if len(lines) > 1 and not head.rstrip(b"\r\n").endswith(lines[-1].rstrip(b"\r")):
+        lines = lines[:-1]  # the head may end inside a line
+    return bool(lines) and all(
+        rsyslog.decode_syslog_lines([line.decode("utf-8", "replace").rstrip("\r")], None, 65536) for line in lines)
+
+
+def _looks_like_records(head: bytes) -> bool:
+    """A file a forwarder wrote, read record by record with its decoder: JSON lines, or rsyslog's text."""
+    return _looks_json_lines(head) or _looks_syslog(head)
+
+
 class Diagnoser:
     """Reusable: compiles the matcher once, diagnoses any number of path sets."""
 
@@ -160,14 +180,14 @@ class Diagnoser:
         sources = list(iter_sources(paths, stats))
         self._hosts = hosts_among(source.name for source in sources)
         self._year = _job_year(sources)
-        for file_index, source in enumerate(sources):
+        for source in sources:
             try:
                 stream = source.open()
             except OSError as exc:
                 stats.skipped.append(f"{source.name}: cannot open ({exc.strerror or exc})")
                 continue
             try:
-                signals.extend(self.signals_from_stream(source, stream, job_id, file_index, stats, progress))
+                signals.extend(self.signals_from_stream(source, stream, job_id, stats, progress))
             except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
                 stats.skipped.append(f"{source.name}: read failed ({exc})")
             finally:
@@ -181,7 +201,6 @@ class Diagnoser:
         source: Source,
         stream: BinaryReader,
         job_id: str,
-        file_index: int,
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
@@ -190,11 +209,14 @@ class Diagnoser:
             stats.skipped.append(f"{source.name}: binary data, skipped")
             return []
         stats.files += 1
+        # The file's place among the job's files: from its name and first line, as the stream places it
+        # (ingest/order.py); its lines' orders add their byte offsets (line index: JSON lines, rsyslog).
+        order_base = line_order(source_key(source.name, head), 0)
         path_hints = identity_from_path(source.name, self._hosts) if source.name != "<stdin>" else {}
         if sniff_srun_labels(head[:SNIFF_BYTES].decode("utf-8", "replace").splitlines()) == "node":
             path_hints["srun_labels"] = "node"
-        if _looks_json_lines(head):
-            return self.signals_from_json_lines(source, stream, head, job_id, file_index, stats, progress)
+        if _looks_like_records(head):
+            return self.signals_from_json_lines(source, stream, head, job_id, order_base, stats, progress)
         if source.path is not None and len(head) == CHUNK_BYTES:
             try:
                 mapped = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)
@@ -202,7 +224,7 @@ class Diagnoser:
                 mapped = None  # not mappable (a FIFO, /proc): read it in chunks like a stream
             if mapped is not None:
                 with mapped:
-                    return self._signals_from_mapped(source, mapped, path_hints, job_id, file_index, stats, progress)
+                    return self._signals_from_mapped(source, mapped, path_hints, job_id, order_base, stats, progress)
         out: list[Signal] = []
         routine: list[Signal] = []
         carry = b""
@@ -215,10 +237,10 @@ class Diagnoser:
             if not nxt:
                 cut = len(buf)
             body, carry = buf[:cut], buf[cut:]
-            signals, lines_hit, acc = self._scan_region(body, 0, len(body), base, source.name, path_hints, job_id, file_index)
+            signals, lines_hit, acc = self._scan_region(body, 0, len(body), base, source.name, path_hints, job_id, order_base)
             out.extend(signals)
             # A chunk is gone once scanned: its routine winners become signals now, merged per process below.
-            routine.extend(self._routine_signals(body, len(body), acc, base, source.name, path_hints, job_id, file_index))
+            routine.extend(self._routine_signals(body, len(body), acc, base, source.name, path_hints, job_id, order_base))
             stats.lines_hit += lines_hit + acc.lines
             base += len(body)
             stats.bytes += len(chunk)
@@ -226,9 +248,9 @@ class Diagnoser:
                 progress(len(chunk))
             chunk = nxt
         if carry:
-            signals, lines_hit, acc = self._scan_region(carry, 0, len(carry), base, source.name, path_hints, job_id, file_index)
+            signals, lines_hit, acc = self._scan_region(carry, 0, len(carry), base, source.name, path_hints, job_id, order_base)
             out.extend(signals)
-            routine.extend(self._routine_signals(carry, len(carry), acc, base, source.name, path_hints, job_id, file_index))
+            routine.extend(self._routine_signals(carry, len(carry), acc, base, source.name, path_hints, job_id, order_base))
             stats.lines_hit += lines_hit + acc.lines
         out.extend(_merge_routine(routine))
         return out
@@ -239,14 +261,14 @@ class Diagnoser:
         mapped: mmap.mmap,
         path_hints: dict[str, str | int],
         job_id: str,
-        file_index: int,
+        order_base: int,
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
         """A plain file, mapped: its chunks are scanned in place (no copies), by `jobs` processes at
         once. Every offset is a file offset, so a traceback's owner is found across chunk edges."""
         regions = _regions(mapped, CHUNK_BYTES)
-        tasks = [(str(source.path), lo, hi, source.name, path_hints, job_id, file_index) for lo, hi in regions]
+        tasks = [(str(source.path), lo, hi, source.name, path_hints, job_id, order_base) for lo, hi in regions]
         results: Iterator[tuple[list[Signal], int, RoutineAggregate]]
         pool = None
         if self.jobs > 1 and len(regions) > 1:
@@ -256,7 +278,7 @@ class Diagnoser:
             if pool is not None:
                 results = pool.imap(_scan_region_task, tasks)
             else:
-                results = (self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, file_index)
+                results = (self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, order_base)
                            for lo, hi in regions)
             out: list[Signal] = []
             routine = RoutineAggregate()
@@ -268,7 +290,7 @@ class Diagnoser:
                 if progress:
                     progress(hi - lo)
             # The whole file is mapped here: routine winners of every region are read from it once.
-            out.extend(self._routine_signals(mapped, len(mapped), routine, 0, source.name, path_hints, job_id, file_index))
+            out.extend(self._routine_signals(mapped, len(mapped), routine, 0, source.name, path_hints, job_id, order_base))
             return out
         finally:
             if pool is not None:
@@ -283,7 +305,7 @@ class Diagnoser:
         name: str,
         path_hints: dict[str, str | int],
         job_id: str,
-        file_index: int,
+        order_base: int,
     ) -> tuple[list[Signal], int, RoutineAggregate]:
         """Signals of the lines in `body[lo:hi]` that hit a failure rule, how many lines those are, and
         the region's routine lines aggregated per process; `base` + a position in `body` is the file offset."""
@@ -312,7 +334,7 @@ class Diagnoser:
                 lines_hit += 1
                 cache[start] = self._event_for_line(body, hit, base, name, path_hints, job_id)
             event, raw, borrowed = cache[start]
-            out.append(self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + start, raw=raw,
+            out.append(self.extractor.signal_for(event, hit, order_base + base + start, raw=raw,
                                                  time_borrowed=borrowed))
         return out, lines_hit, acc
 
@@ -325,7 +347,7 @@ class Diagnoser:
         name: str,
         path_hints: dict[str, str | int],
         job_id: str,
-        file_index: int,
+        order_base: int,
     ) -> list[Signal]:
         """One signal per rule and process for routine lines: the latest progress line (latest first, so
         the engine's cap on markers per rule keeps the latest without evicting), the largest metric value
@@ -334,7 +356,7 @@ class Diagnoser:
         metric: list[Signal] = []
         for hit, low in self.routine.winners(body, hi, acc):
             event, raw, borrowed = self._event_for_line(body, hit, base, name, path_hints, job_id)
-            signal = self.extractor.signal_for(event, hit, file_index * _ORDER_STRIDE + base + hit.start, raw=raw,
+            signal = self.extractor.signal_for(event, hit, order_base + base + hit.start, raw=raw,
                                                time_borrowed=borrowed)
             if low is not None and "metric" in signal.fields:
                 signal = signal.model_copy(update={"fields": {**signal.fields, "metric_min": low}})
@@ -347,28 +369,17 @@ class Diagnoser:
         """A routine line's identity (the routine aggregator's line keys), with the job's year."""
         return _identify_line(raw, "auto", self._year)
 
-    def _identify(self, raw: str, path_hints: dict[str, str | int]) -> Identity:
-        """Identity of one line: a syslog header (host, time) when the file is rsyslog text, then prefixes
-        (`srun -l` labels read as the file's first lines say: `sniff_srun_labels`).
-
-        Memoized: looking back for a timestamp or a traceback's owner revisits the same lines.
-        """
-        return _identify_line(raw, "node" if path_hints.get("srun_labels") == "node" else "auto", self._year)
-
     def _event_for_line(
         self, body: Buffer, hit: Hit, base: int, name: str, path_hints: dict[str, str | int], job_id: str
     ) -> tuple[LogEvent, str, bool]:
-        """The line's event, its text as scanned, and whether its time was borrowed from an earlier line."""
-        raw = body[hit.start : hit.end].decode("utf-8", "replace").rstrip("\r")
-        if "\r" in raw or "|" in raw:
-            segments = split_glued(raw)
-            if len(segments) > 1:
-                rule_index = hit.rule_index
-                raw = next((s for s in segments if self.matcher.matches(rule_index, s)), segments[-1])
-        ident = self._identify(raw, path_hints)
-        if ident.rank is None and ident.host is None and ident.pid is None and ident.local_rank is None:
-            ident = self._continued_identity(body, hit.start, ident, path_hints)
-        ts = ident.ts if ident.ts is not None else self._earlier_time(body, hit.start, path_hints)
+        """The line's event, its text as scanned, and whether its time was borrowed from an earlier line
+        (correlator/diagnosis/framing.py: the same steps as the stream's)."""
+        line = body[hit.start : hit.end].decode("utf-8", "replace")
+        rule_index = hit.rule_index
+        framed = frame_line(line, lambda: lines_before(body, hit.start),
+                            lambda segment: self.matcher.matches(rule_index, segment),
+                            srun_labels="node" if path_hints.get("srun_labels") == "node" else "auto", year=self._year)
+        ident = framed.identity
         event = LogEvent(
             job_id=job_id,
             host=ident.host or _str_or_none(path_hints.get("host")),
@@ -376,60 +387,14 @@ class Diagnoser:
             local_rank=ident.local_rank if ident.local_rank is not None else _int_or_none(path_hints.get("local_rank")),
             pid=ident.pid,
             gpu=ident.gpu,
-            ts=ts,
+            ts=framed.ts,
             attempt=_int_or_none(path_hints.get("attempt")),
             source="plain",
             file=name,
             offset=base + hit.start,
             line=ident.text,
         )
-        return event, raw, ident.ts is None and ts is not None
-
-    @staticmethod
-    def _lines_before(body: Buffer, start: int) -> Iterator[str]:
-        """The lines before offset `start`, closest first, at most CONTINUATION_LOOKBACK of them."""
-        pos = start
-        for _ in range(CONTINUATION_LOOKBACK):
-            if pos <= 0:
-                return
-            prev_start = body.rfind(b"\n", 0, pos - 1) + 1
-            yield body[prev_start : pos - 1].decode("utf-8", "replace")
-            pos = prev_start
-
-    def _earlier_time(self, body: Buffer, start: int, path_hints: dict[str, str | int]) -> datetime | None:
-        """An untimed line (a traceback's last line) happened at about the time of the closest timed line before it."""
-        for prev in self._lines_before(body, start):
-            ts = self._identify(prev, path_hints).ts
-            if ts is not None:
-                return ts
-        return None
-
-    def _continued_identity(
-        self, body: Buffer, start: int, ident: Identity, path_hints: dict[str, str | int]
-    ) -> Identity:
-        """A traceback's last line has no prefix: take the identity of the record it continues.
-
-        Only a line that continues something (indented, a frame, or the exception after frames)
-        inherits; a launcher's own line right after a rank's line does not.
-        """
-        end = body.find(b"\n", start)
-        current_continues = is_continuation(body[start : end if end >= 0 else len(body)].decode("utf-8", "replace"))
-        for n, prev in enumerate(self._lines_before(body, start)):
-            if not prev.strip():
-                break
-            if n == 0 and not (current_continues or is_continuation(prev)):
-                break
-            prev_ident = self._identify(prev, path_hints)
-            if prev_ident.rank is not None or prev_ident.host is not None or prev_ident.pid is not None:
-                return dataclasses.replace(
-                    prev_ident,
-                    text=ident.text,
-                    ts=ident.ts or prev_ident.ts,
-                    ts_has_date=ident.ts_has_date if ident.ts else prev_ident.ts_has_date,
-                )
-            if not is_continuation(prev):
-                break
-        return ident
+        return event, framed.raw, framed.borrowed
 
     def signals_from_json_lines(
         self,
@@ -437,18 +402,18 @@ class Diagnoser:
         stream: BinaryReader,
         head: bytes,
         job_id: str,
-        file_index: int,
+        order_base: int,
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
-        from ingest.decoders import (  # the forwarders' formats: JSON input only
+        from ingest.decoders import (  # the forwarders' formats: JSON lines and rsyslog text only
             DecodeError,
             decode_value,
-            to_event,
         )
 
         out: list[Signal] = []
-        events: list[LogEvent] = []
+        records: list[RawRecord] = []
+        positions: list[int] = []
         reader = io.BufferedReader(_Prepend(head, stream))
         for lineno, line in enumerate(reader):
             stats.bytes += len(line)
@@ -457,22 +422,44 @@ class Diagnoser:
             if not line.strip():
                 continue
             try:
-                records = decode_value(line.rstrip(b"\n"))
+                decoded = decode_value(line.rstrip(b"\n"))
             except DecodeError:
                 stats.decode_errors += 1
                 continue
-            events.extend(to_event(record, default_job=job_id, offset=lineno) for record in records)
-            if len(events) >= 4096:
-                out.extend(self._from_events(events, job_id, file_index))
-                events = []
-        if events:
-            out.extend(self._from_events(events, job_id, file_index))
+            for index, record in enumerate(decoded):
+                records.append(record)
+                positions.append(record.offset if record.offset is not None else message_position(lineno, index))
+            if len(records) >= 4096:
+                out.extend(self._from_records(records, positions, job_id))
+                records, positions = [], []
+        if records:
+            out.extend(self._from_records(records, positions, job_id))
         return out
 
-    def _from_events(self, events: list[LogEvent], job_id: str, file_index: int) -> list[Signal]:
-        # All given paths form one job, whatever job the forwarder's fields name.
-        same_job = [e if e.job_id == job_id else e.model_copy(update={"job_id": job_id}) for e in events]
-        return self.extractor.from_events(same_job, order_base=file_index * _ORDER_STRIDE)
+    def _from_records(self, records: list[RawRecord], positions: list[int], job_id: str) -> list[Signal]:
+        """Signals of a forwarder's records, as the stream makes them from its messages: the records' texts
+        scanned as the forwarder sent them, events only for the lines that hit, each in the job of the
+        given paths (whatever job the forwarder's fields name), ordered by its stream (ingest/order.py)."""
+        from ingest.decoders import to_event
+
+        events: dict[int, LogEvent] = {}
+
+        def event_at(i: int) -> LogEvent:
+            event = events.get(i)
+            if event is None:
+                event = to_event(records[i], default_job=job_id, offset=positions[i])
+                if event.job_id != job_id:  # all given paths form one job
+                    event = event.model_copy(update={"job_id": job_id})
+                events[i] = event
+            return event
+
+        texts = [record.text for record in records]
+        return self.extractor.from_texts(
+            texts, event_at,
+            lambda i: (records[i].host, records[i].rank, records[i].file, records[i].stream),
+            lambda i: line_order(record_key(records[i].file, records[i].host), positions[i]),
+            process_of=lambda i: line_process(texts[i]),
+        )
 
     # --- diagnosing ---------------------------------------------------------------------
 
@@ -512,6 +499,11 @@ class _Prepend(io.RawIOBase):
         data = self.rest.read(len(b))
         b[: len(data)] = data
         return len(data)
+
+
+def source_key(name: str, head: bytes) -> int:
+    """A file's key (ingest/order.py) from its name and first bytes."""
+    return file_key(name, first_line_of(head))
 
 
 def default_jobs() -> int:
@@ -556,35 +548,8 @@ def diagnose_paths(paths: list[str], job_id: str | None = None) -> list[Incident
     return incidents
 
 
-@functools.cache
-def _decoders() -> ModuleType:
-    """The forwarders' decoders, imported by the first line that may be an rsyslog line, not at start-up."""
-    import ingest.decoders
-
-    return ingest.decoders
-
-
-@functools.lru_cache(maxsize=8192)
-def _identify_line(raw: str, srun_labels: SrunLabels = "auto", year: int | None = None) -> Identity:
-    """Identity of one line (see Diagnoser._identify); `year` completes year-less timestamps."""
-    host: str | None = None
-    header_ts = None
-    text = raw
-    if raw[:1].isdigit() or raw[:1] == "<":
-        decoders = _decoders()
-        try:
-            records = decoders.decode_value(raw.encode("utf-8", "replace"))
-        except decoders.DecodeError:
-            records = []
-        if records and records[0].source == "rsyslog":
-            host, header_ts, text = records[0].host, records[0].ts, records[0].text
-    ident = parse_prefixes(text, srun_labels=srun_labels, year=year)
-    if host is None and header_ts is None:
-        return ident
-    return dataclasses.replace(
-        ident, host=ident.host or host, ts=ident.ts or header_ts,
-        ts_has_date=ident.ts_has_date if ident.ts else header_ts is not None,
-    )
+# Identity of one line (a syslog header, then prefixes): what the routine aggregator reads too.
+_identify_line = identify_line
 
 
 YEAR_SNIFF_BYTES = 64 * 1024
@@ -667,10 +632,10 @@ def _fork_pool(diagnoser: Diagnoser, processes: int) -> multiprocessing.pool.Poo
 def _scan_region_task(
     task: tuple[str, int, int, str, dict[str, str | int], str, int],
 ) -> tuple[list[Signal], int, RoutineAggregate]:
-    path, lo, hi, name, path_hints, job_id, file_index = task
+    path, lo, hi, name, path_hints, job_id, order_base = task
     assert _FORKED is not None
     mapped = _FORKED_MAPS.get(path)
     if mapped is None:
         with open(path, "rb") as fh:
             mapped = _FORKED_MAPS[path] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    return _FORKED._scan_region(mapped, lo, hi, 0, name, path_hints, job_id, file_index)
+    return _FORKED._scan_region(mapped, lo, hi, 0, name, path_hints, job_id, order_base)

@@ -1,9 +1,10 @@
 """Where an incident's evidence lines are: the file `diagnose` read each one from, and its line number.
 
 The incident carries the lines themselves (the JSON contract has no file or line number); each signal
-carries its `order`, which `Diagnoser` makes from the file's index among the sources and the line's
-position in it: the byte offset of a plain-text line, the line index of a JSON-lines file (forwarder
-messages). This module turns an order back into (file, line number), reading the files again.
+carries its `order`, which `Diagnoser` makes from the file's key (its name and first line: ingest/order.py)
+and the line's position in it: the byte offset of a plain-text line, the line index of a JSON-lines or
+rsyslog file (forwarder messages). This module turns an order back into (file, line number), reading the
+files again.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from contextlib import closing
 
 from correlator.diagnosis.models import Incident, Signal
 from correlator.offline.diagnose import (
-    _ORDER_STRIDE,
     CHUNK_BYTES,
     BinaryReader,
     DiagnoseStats,
-    _looks_json_lines,
+    _looks_like_records,
     iter_sources,
+    source_key,
 )
+from ingest.order import key_of_order, line_order, message_position, position_of_order, record_key
 
 _READ = 4 << 20
 
@@ -45,26 +47,57 @@ def evidence_signals(incident: Incident, signals: Sequence[Signal]) -> list[Sign
 def line_numbers(paths: Sequence[str], orders: Iterable[int]) -> dict[int, tuple[str, int]]:
     """(file name as `iter_sources` gives it, 1-based line number) for each signal order of a diagnosis of
     `paths`; orders whose file cannot be read again are left out."""
-    sources = list(iter_sources(paths, DiagnoseStats()))
     by_file: dict[int, list[int]] = defaultdict(list)
     for order in set(orders):
-        by_file[order // _ORDER_STRIDE].append(order)
+        by_file[key_of_order(order)].append(order)
     found: dict[int, tuple[str, int]] = {}
-    for index, members in by_file.items():
-        if index >= len(sources) or sources[index].name == "<stdin>":
+    for source in iter_sources(paths, DiagnoseStats()):
+        if not by_file or source.name == "<stdin>":
             continue
-        source = sources[index]
         try:
             with closing(source.open()) as stream:
                 head = stream.read(CHUNK_BYTES)  # as much as `diagnose` sniffs the format from
-                if _looks_json_lines(head):
-                    found.update((o, (source.name, o % _ORDER_STRIDE + 1)) for o in members)
+                if _looks_like_records(head):
+                    found.update(_records_lines(source.name, head, stream, by_file))
                     continue
-                for order, line in _count_lines(head, stream, sorted(o % _ORDER_STRIDE for o in members)):
-                    found[index * _ORDER_STRIDE + order] = (source.name, line)
+                key = source_key(source.name, head)
+                members = by_file.pop(key, None)  # the first file of a key: as `diagnose` read them, in order
+                if members is None:
+                    continue
+                positions = sorted(position_of_order(o) for o in members)
+                for position, line in _count_lines(head, stream, positions):
+                    found[line_order(key, position)] = (source.name, line)
         except (OSError, EOFError):
             continue  # gone or unreadable since: no location, the evidence line itself is still shown
     return found
+
+
+def _records_lines(name: str, head: bytes, stream: BinaryReader,
+                   by_file: dict[int, list[int]]) -> Iterator[tuple[int, tuple[str, int]]]:
+    """A forwarder's file (JSON lines, rsyslog): its records ordered as `diagnose` ordered them (by the stream
+    each names, ingest/order.py), read again to find the wanted orders' lines."""
+    from ingest.decoders import DecodeError, decode_value
+
+    wanted = {o for members in by_file.values() for o in members}
+    data, lineno = head, 0
+    carry = b""
+    while (data or carry) and wanted:
+        lines = (carry + data).split(b"\n")
+        carry = lines.pop() if data else b""  # the last line may go on in the next read
+        for line in lines:
+            if line.strip():
+                try:
+                    records = decode_value(line)
+                except DecodeError:
+                    records = []
+                for index, record in enumerate(records):
+                    position = record.offset if record.offset is not None else message_position(lineno, index)
+                    order = line_order(record_key(record.file, record.host), position)
+                    if order in wanted:
+                        wanted.discard(order)
+                        yield order, (name, lineno + 1)
+            lineno += 1
+        data = stream.read(_READ) if data else b""
 
 
 def _count_lines(head: bytes, stream: BinaryReader, offsets: list[int]) -> Iterator[tuple[int, int]]:

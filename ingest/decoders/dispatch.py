@@ -171,6 +171,12 @@ def decode_lines(
                 raise DecodeError("bad_record", f"{type(exc).__name__}: {exc}"[:200]) from None
             if lazy is not None:
                 return lazy
+            try:
+                return rootrank_ship.batch_records(objects[0], received_ts, max_line_bytes)
+            except DecodeError:
+                raise
+            except (TypeError, ValueError, AttributeError, KeyError, OverflowError, IndexError) as exc:
+                raise DecodeError("bad_record", f"{type(exc).__name__}: {exc}"[:200]) from None
     return DecodedLines.of(decode_value(value, received_ts=received_ts, max_line_bytes=max_line_bytes,
                                         max_value_bytes=max_value_bytes))
 

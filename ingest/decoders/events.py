@@ -5,12 +5,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from datetime import datetime
 
 from ingest.decoders.fields import POD_NAME
 from ingest.decoders.records import RawRecord
 from ingest.decoders.rsyslog import syslog_header
 from ingest.event import MAX_LINE_CHARS, LogEvent
-from ingest.prefixes import Identity, parse_prefixes
+from ingest.prefixes import Identity, identity_from_path, parse_prefixes
+
+# Label of a shipped file's lines: the machine `rootrank ship` read them on, when it was not told their host
+# (the last fallback for their job, never their host: a file may be a copy, or on a shared file system).
+SHIPPED_FROM = "shipped_from"
 
 _JOB_LABELS = (
     "training.kubeflow.org/job-name",
@@ -70,7 +75,7 @@ def job_id_for(record: RawRecord, *, path_regex: str | None = None) -> str:
     label; the pod name `JOB-worker-N` / `JOB-master-0` / `JOB-launcher-xxxxx` (from the pod
     label, or the host when it is a pod name); Slurm's `slurm-%j.out` file or SLURM_JOB_ID label;
     `path_regex`'s named group `job` on the file path; the host; "unknown"."""
-    return _job_hint(record, path_regex) or record.host or "unknown"
+    return _job_hint(record, path_regex) or record.host or record.labels.get(SHIPPED_FROM) or "unknown"
 
 
 def _identity_of(record: RawRecord) -> Identity:
@@ -111,7 +116,7 @@ def to_event(
     """
     if identity is None:
         identity = _identity_of(record)
-    job = _job_hint(record, path_regex) or default_job or record.host or "unknown"
+    job = _job_hint(record, path_regex) or default_job or record.host or record.labels.get(SHIPPED_FROM) or "unknown"
     labels = dict(record.labels)
     if record.host_is_fallback:
         host = identity.host or record.host
@@ -145,4 +150,55 @@ def to_event(
         truncated=truncated,
         attempt=record.attempt,
         labels=labels,
+    )
+
+
+def _first_int(*values: object) -> int | None:
+    return next((v for v in values if isinstance(v, int)), None)
+
+
+def file_line_event(
+    record: RawRecord,
+    identity: Identity,
+    borrowed_ts: datetime | None,
+    *,
+    offset: int | None = None,
+    path_regex: str | None = None,
+) -> LogEvent:
+    """The event of a line of a file (a shipped batch's), framed as `rootrank diagnose` frames a file's
+    lines: `identity` is the line's own (its prefixes, or the record it continues:
+    correlator/diagnosis/framing.py), `borrowed_ts` the time of the closest earlier timed line.
+
+    Who: the line's own identity first; then what the shipper was told (`--host`, `--rank`, ...: the
+    record's fields); then what the file's path says by convention (`identity_from_path`), which is all
+    `rootrank diagnose` has beside the line. When: the line's own time; else the time the shipper read a
+    live line; else the borrowed one (the signal says so)."""
+    hints = identity_from_path(record.file) if record.file else {}
+    host_hint = hints.get("host")
+    line = identity.text
+    truncated = record.labels.get("truncated") == "1"
+    if len(line) > MAX_LINE_CHARS:
+        line = line[:MAX_LINE_CHARS]
+        truncated = True
+    raw_line = record.text if record.text != line else None
+    if raw_line is not None and len(raw_line) > MAX_LINE_CHARS:
+        raw_line = raw_line[:MAX_LINE_CHARS]
+    return LogEvent(
+        job_id=job_id_for(record, path_regex=path_regex),
+        host=identity.host or record.host or (host_hint if isinstance(host_hint, str) else None),
+        rank=_first_int(identity.rank, record.rank, hints.get("rank")),
+        local_rank=_first_int(identity.local_rank, record.local_rank, hints.get("local_rank")),
+        pid=_first_int(identity.pid, record.pid),
+        gpu=identity.gpu,
+        ts=identity.ts or record.ts or borrowed_ts,
+        received_ts=record.received_ts,
+        source=record.source,
+        stream=record.stream,
+        file=record.file,
+        offset=offset if offset is not None else record.offset,
+        line=line,
+        raw_line=raw_line,
+        truncated=truncated,
+        attempt=_first_int(record.attempt, hints.get("attempt")),
+        labels=dict(record.labels),
     )

@@ -3,7 +3,7 @@ on-demand `DecodedLines`, `DecodeError`, and the text -> lines -> records steps 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
@@ -105,14 +105,19 @@ class DecodedLines:
     the lines that hit. `record(i)` is what `decode_value(...)[i]` would be.
     """
 
-    __slots__ = ("_make", "_records", "_runs", "_stream", "joined", "texts")
+    __slots__ = ("_before", "_make", "_records", "_runs", "_stream", "joined", "order_base", "texts")
 
     def __init__(self, texts: list[str], records: list[RawRecord] | None = None,
                  make: Callable[[int], RawRecord] | None = None,
                  stream: Callable[[int], tuple[object, ...]] | None = None,
-                 runs: list[tuple[int, int]] | None = None, joined: str | None = None) -> None:
+                 runs: list[tuple[int, int]] | None = None, joined: str | None = None,
+                 before: Callable[[int], Iterator[str]] | None = None, order_base: int | None = None) -> None:
         self.texts = texts
+        # Lines of a file: the order of its line number 0 (ingest/order.py); a line's order adds its number.
+        self.order_base = order_base
         self.joined = joined  # "\n".join(texts), when the decoder had it at hand
+        # Lines of a file (a shipped batch): the file's lines before line i, closest first (see `lines_before`).
+        self._before = before
         # A given list is only read (record() fills the None entries of a list made here, never a given one).
         self._records: list[RawRecord | None] = (
             cast("list[RawRecord | None]", records) if records is not None else [None] * len(texts))
@@ -150,6 +155,34 @@ class DecodedLines:
 
     def records(self) -> list[RawRecord]:
         return [self.record(i) for i in range(len(self.texts))]
+
+    @property
+    def from_file(self) -> bool:
+        """The lines are consecutive lines of one file or stream (a shipped batch), framed as `rootrank
+        diagnose` frames a file's lines (correlator/diagnosis/framing.py), not one record each."""
+        return self._before is not None
+
+    def lines_before(self, index: int) -> Iterator[str]:
+        """The lines of line `index`'s file before it, closest first: the batch's own (blank lines
+        included), then the context the shipper sent; nothing for lines that are not a file's."""
+        if self._before is None:
+            return iter(())
+        return self._before(index)
+
+
+def lines_before_in(lines: Sequence[str], at: int, context: Sequence[str], limit: int) -> Iterator[str]:
+    """`lines[at - 1]`, `lines[at - 2]`, ... then the context from its end: at most `limit` lines."""
+    n = 0
+    for j in range(min(at, len(lines)) - 1, -1, -1):
+        if n >= limit:
+            return
+        yield lines[j]
+        n += 1
+    for j in range(len(context) - 1, -1, -1):
+        if n >= limit:
+            return
+        yield context[j]
+        n += 1
 
 
 def runs_of(keys: Sequence[Hashable]) -> list[tuple[int, int]]:

@@ -3,13 +3,23 @@ line `[ts, stream, text]`; exactly, a record per line, or as texts with records 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import cast
 
 from ingest import timestamps as tsu
-from ingest.decoders.records import DecodedLines, DecodeError, RawRecord, records_from_text, runs_of
+from ingest.decoders.events import SHIPPED_FROM
+from ingest.decoders.records import (
+    DecodedLines,
+    DecodeError,
+    RawRecord,
+    lines_before_in,
+    records_from_text,
+    runs_of,
+)
+from ingest.order import file_key, line_order
 from ingest.ship.wire_format import (
+    CONTEXT_LINES,
     ROWS_FORMAT_VERSION,
     SHIP_FORMAT_VERSION,
     ShipBatch,
@@ -20,14 +30,42 @@ from ingest.ship.wire_format import (
 
 
 def decode_batch(obj: dict[str, object], received_ts: datetime | None, max_line_bytes: int) -> list[RawRecord]:
+    return _decode_rows(obj, received_ts, max_line_bytes)[0]
+
+
+def _decode_rows(obj: dict[str, object], received_ts: datetime | None,
+                 max_line_bytes: int) -> tuple[list[RawRecord], ShipBatch, list[int]]:
+    """The batch's records, the batch, and the row (line of the file) of each record."""
     try:
         batch = parse_batch(obj)
     except ShipFormatError as exc:
         raise DecodeError(exc.reason, str(exc)) from None
     out: list[RawRecord] = []
+    rows: list[int] = []
     for index, (ts, stream, text) in enumerate(batch.lines):
-        out.extend(records_from_text(text, _ship_record(batch, index, ts, stream, "", received_ts), max_line_bytes))
-    return out
+        records = records_from_text(text, _ship_record(batch, index, ts, stream, "", received_ts), max_line_bytes)
+        out.extend(records)
+        rows.extend([index] * len(records))
+    return out, batch, rows
+
+
+def batch_records(obj: dict[str, object], received_ts: datetime | None, max_line_bytes: int) -> DecodedLines:
+    """A ship batch decoded exactly, a record per line (what `batch_lines` leaves to it), still framed as
+    a file's lines: each line looks back at the rows before its own, then the batch's context."""
+    records, batch, rows = _decode_rows(obj, received_ts, max_line_bytes)
+    texts = [text for _, _, text in batch.lines]
+
+    def before(i: int) -> Iterator[str]:
+        return lines_before_in(texts, rows[i], batch.context, CONTEXT_LINES)
+
+    return DecodedLines([r.text for r in records], records, before=before, order_base=_order_base(batch))
+
+
+def _order_base(batch: ShipBatch) -> int:
+    """The order of the batch's file's line 0: from the key the shipper sent (shippers before it: from the
+    file's path alone)."""
+    key = batch.file_key if batch.file_key is not None else file_key(batch.file or "", "")
+    return line_order(key, 0)
 
 
 def _ship_record(batch: ShipBatch, position: int, ts: float | None, stream: str | None, text: str,
@@ -46,7 +84,7 @@ def _ship_record(batch: ShipBatch, position: int, ts: float | None, stream: str 
         attempt=batch.attempt,
         ts=tsu.parse_any(float(ts)) if ts is not None else None,
         received_ts=received_ts,
-        labels=dict(batch.labels),
+        labels={**batch.labels, SHIPPED_FROM: batch.shipper} if batch.shipper and not batch.host else dict(batch.labels),
         offset=batch.offset + position if batch.offset is not None else None,
         # The shipper's host (its --host, --host-from, or its machine's name) is where the file was read,
         # not always where each line was written: a line's own host prefix wins (ingest/decoders/events.py).
@@ -97,6 +135,7 @@ def batch_lines(obj: dict[str, object], received_ts: datetime | None, max_line_b
     stream_values = cast("Sequence[str | None]", stream_col)
     if max(map(len, texts)) * 4 > max_line_bytes:
         return None
+    all_texts = texts  # every line as sent (blank ones and "\r" included): what a look back reads
     whole: str | None = joined  # the lines as one string, when no line below is changed or dropped
     if "\r" in joined:
         texts = [t.removesuffix("\r") for t in texts]
@@ -119,5 +158,9 @@ def batch_lines(obj: dict[str, object], received_ts: datetime | None, max_line_b
     def stream(i: int) -> tuple[object, ...]:
         return (batch.host, batch.rank, batch.file, stream_values[index[i] if index is not None else i] or None)
 
+    def before(i: int) -> Iterator[str]:
+        return lines_before_in(all_texts, index[i] if index is not None else i, batch.context, CONTEXT_LINES)
+
     streams = stream_col if index is None else [stream_col[j] for j in index]
-    return DecodedLines(texts, make=make, stream=stream, runs=runs_of(streams), joined=whole)
+    return DecodedLines(texts, make=make, stream=stream, runs=runs_of(streams), joined=whole, before=before,
+                        order_base=_order_base(batch))

@@ -12,11 +12,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ingest.multiline import lookback_needs
+from ingest.order import file_key
 from ingest.ship.chunks import Chunk, Source
 from ingest.ship.options import ShipOptions, ShipStats, host_from_path
 from ingest.ship.positions import BacklogFile, Positions
 from ingest.ship.sender import Message, Sender
-from ingest.ship.wire_format import MAX_BATCH_BYTES, encode_batch, encode_batches
+from ingest.ship.wire_format import CONTEXT_LINES, MAX_BATCH_BYTES, encode_batch, encode_batches
 
 
 class Chunks(Protocol):
@@ -40,6 +42,7 @@ class _Batch:
     first_line: int = 0
     started: float = 0.0
     position: dict[str, int] | None = None
+    context: list[str] = field(default_factory=list)  # the stream's lines right before `first_line`
 
 
 class Batcher:
@@ -59,9 +62,15 @@ class Batcher:
         self._batches: dict[int, _Batch] = {}
         self._seq = 0
         self._open_sources = set(sources)
+        # Lines of a file are tagged with a host only when told (--host): a file may be a copy or on a shared
+        # file system, so the machine reading it says nothing about who wrote its lines (their prefixes
+        # and their path may, as they do for `rootrank diagnose`). A wrapped command and stdin run here.
         self._host = options.host or socket.gethostname()
-        self._hosts: dict[int, str] = {}  # per source, with --host-from dir|stem
+        self._hosts: dict[int, str | None] = {}  # per source: --host, else --host-from dir|stem for files
         self._in_run = False  # adding an evidence-only run: its lines go in as they are
+        # The lines around the texts being added (the stream's recent lines, then the texts) and the line
+        # number of the first: where a new batch's context comes from.
+        self._window: tuple[int, list[str]] = (0, [])
 
     def run(self, stop: threading.Event) -> None:
         """Until every source ended (or `stop` is set and the queue is empty)."""
@@ -103,7 +112,12 @@ class Batcher:
         elif chunk.eof:
             source.pos += len(data)  # the stream ended: its unterminated last line was read too
         if complete:
-            self._add_texts(source, body.decode("utf-8", "replace").split("\n"), chunk.read_ts)
+            texts = body.decode("utf-8", "replace").split("\n")
+            if source.fresh:
+                source.key, source.fresh = file_key(source.file or source.name, texts[0]), False
+            self._window = (source.next_line - len(source.recent), source.recent + texts)
+            self._add_texts(source, texts, chunk.read_ts)
+            source.recent = self._window[1][-CONTEXT_LINES:]
         elif chunk.end_pos is not None and source.id in self._batches:
             self._batches[source.id].position = self._position(source)
         if chunk.eof:
@@ -111,6 +125,8 @@ class Batcher:
             if self.options.line_filter is not None:
                 self._add_runs(source, self.options.line_filter.heartbeat(source.name, final=True), chunk.read_ts)
             self._flush(source.id)
+            source.recent = []  # a stream's end, or one generation of a file's: the next lines start afresh
+            source.key, source.fresh = None, True
             if chunk.end_pos is None:
                 self._open_sources.discard(source.id)
 
@@ -138,7 +154,8 @@ class Batcher:
         while start < len(texts):
             batch = self._batches.get(source.id)
             if batch is None:
-                batch = _Batch(first_line=source.next_line, started=time.monotonic())
+                batch = _Batch(first_line=source.next_line, started=time.monotonic(),
+                               context=self._context_before(source.next_line))
                 self._batches[source.id] = batch
             room = max_bytes - batch.size
             stop = bisect.bisect_right(ends, ends[start] + room, lo=start + 1) - 1
@@ -158,6 +175,12 @@ class Batcher:
         batch = self._batches.get(source.id)
         if batch is not None:
             batch.position = self._position(source)
+
+    def _context_before(self, line: int) -> list[str]:
+        """The stream's lines right before line number `line` (at most CONTEXT_LINES), from the window."""
+        first, lines = self._window
+        end = line - first
+        return lookback_needs(lines[max(0, end - CONTEXT_LINES) : max(0, end)])
 
     def _add_runs(self, source: Source, runs: list[tuple[int, list[str]]], read_ts: float | None) -> None:
         """Evidence-only: each run of consecutive lines keeps its line numbers (a gap ends the batch)."""
@@ -204,12 +227,19 @@ class Batcher:
         track.remaining -= credit
         return credit
 
-    def _host_of(self, source: Source) -> str:
-        host = self._hosts.get(source.id)
-        if host is None:
-            derived = host_from_path(source.name, self.options.host_from) if source.file and not self.options.host else None
-            host = self._hosts[source.id] = derived or self._host
-        return host
+    def _host_of(self, source: Source) -> str | None:
+        """The host a source's lines are tagged with: --host; for a file, its path's part named by --host-from
+        dir|stem, else none (its lines and path say it); for a wrapped command or stdin, this machine."""
+        if source.id not in self._hosts:
+            if self.options.host or source.file is None:
+                self._hosts[source.id] = self._host
+            else:
+                self._hosts[source.id] = host_from_path(source.name, self.options.host_from)
+        return self._hosts[source.id]
+
+    def key_of(self, source: Source) -> bytes:
+        """The Kafka key of a source's messages: one file's lines stay in one partition, in order."""
+        return f"{self.options.job_id or ''}|{self._host}|{source.name}".encode()
 
     def _flush(self, source_id: int) -> None:
         batch = self._batches.pop(source_id, None)
@@ -218,16 +248,19 @@ class Batcher:
         source = self.sources[source_id]
         o = self.options
         host = self._host_of(source)
+        shipper = None if host else self._host
         values = [encode_batch(
             batch.lines, job_id=o.job_id, host=host, rank=o.rank, local_rank=o.local_rank,
             pid=source.pid, attempt=o.attempt, file=source.file, labels=o.labels, offset=batch.first_line,
+            context=batch.context, shipper=shipper, file_key=source.key,
         )]
         if len(values[0]) > MAX_BATCH_BYTES:  # a few very long lines: split to stay under the limit
             values = encode_batches(
                 batch.lines, job_id=o.job_id, host=host, rank=o.rank, local_rank=o.local_rank,
                 pid=source.pid, attempt=o.attempt, file=source.file, labels=o.labels, offset=batch.first_line,
+                context=batch.context, shipper=shipper, file_key=source.key,
             )
-        key = f"{o.job_id or ''}|{host}|{source.name}".encode()
+        key = self.key_of(source)
         now_ms = int(time.time() * 1000)
         backlog_bytes = self._backlog_credit(source_id, batch.position) if batch.position and self._backlog else 0
         for index, value in enumerate(values):

@@ -8,7 +8,7 @@ import contextlib
 import struct
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ingest.ship.spool import Spool
@@ -28,6 +28,12 @@ class Source:
     # Followed files: where the next unsent line starts, and which inode that is in.
     inode: int | None = None
     pos: int = 0
+    # The last lines read before `next_line` (at most CONTEXT_LINES): a batch's context (wire_format.py).
+    recent: list[str] = field(default_factory=list)
+    # The stream's place among a job's files (ingest/order.py), from its name and first line; None until
+    # that line is read (`fresh`: the next lines read start the stream, or a rotated file's new generation).
+    key: int | None = None
+    fresh: bool = True
 
 
 @dataclass(slots=True)

@@ -53,6 +53,7 @@ class ShipOptions:
     queue_max_bytes: int = 64 * 1024 * 1024
     drain_timeout_s: float = 30.0
     follow: bool = False
+    from_start: bool = False  # ship files from their first line, whatever was shipped to this Kafka before
     tee: bool = False
     poll_s: float = 0.2
     send_timeout_s: float = 30.0

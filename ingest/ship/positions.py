@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,19 +17,23 @@ from ingest.ship.chunks import Source
 
 
 class Positions:
-    """Where each followed file's next unsent line starts; advanced in order, only over durable messages."""
+    """Where each followed file's next unsent line starts; advanced in order, only over durable messages.
+
+    Each file's entry: `inode`, `pos` (byte), `line` (number of the next line), `at` (when it last
+    advanced, epoch seconds) and `kafka` ([partition, offset] of the last acknowledged message with its
+    lines: whether the topic still holds them, ingest/ship/cluster.py)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
         try:
-            self.saved: dict[str, dict[str, int]] = orjson.loads(path.read_bytes())
+            self.saved: dict[str, dict[str, Any]] = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError):
             self.saved = {}
         self._pending: dict[str, collections.deque[list[Any]]] = {}
         self._dirty = False
 
-    def get(self, name: str) -> dict[str, int] | None:
+    def get(self, name: str) -> dict[str, Any] | None:
         return self.saved.get(name)
 
     def expect(self, name: str, seq: int, position: dict[str, int]) -> None:
@@ -45,7 +50,28 @@ class Positions:
                     item[2] = True
                     break
             while queue and queue[0][2]:
-                self.saved[name] = queue.popleft()[1]
+                previous = self.saved.get(name, {})
+                position = {**queue.popleft()[1], "at": int(time.time())}
+                if "kafka" in previous:
+                    position["kafka"] = previous["kafka"]
+                self.saved[name] = position
+                self._dirty = True
+
+    def acknowledged(self, name: str, partition: int, offset: int) -> None:
+        """A message with lines of `name` is at (`partition`, `offset`) of the topic: the latest is kept."""
+        with self._lock:
+            entry = self.saved.get(name)
+            if entry is None:
+                return
+            kafka = entry.get("kafka")
+            if not isinstance(kafka, list) or kafka[0] != partition or kafka[1] < offset:
+                entry["kafka"] = [partition, offset]
+                self._dirty = True
+
+    def forget(self, name: str) -> None:
+        """Ship `name` from its start (--from-start, or the topic no longer holds what was shipped)."""
+        with self._lock:
+            if self.saved.pop(name, None) is not None:
                 self._dirty = True
 
     def save(self) -> None:

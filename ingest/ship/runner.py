@@ -44,22 +44,27 @@ from typing import Any
 
 import orjson
 
+from ingest.order import file_key, first_line_of
 from ingest.ship.batcher import Batcher
 from ingest.ship.chunks import Chunk, ChunkQueue, Source
+from ingest.ship.cluster import ProbeResult, probe_in_child
 from ingest.ship.frames import FrameQueue, forward_frames, send_pid
 from ingest.ship.options import ShipOptions, ShipStats
-from ingest.ship.positions import BacklogFile, Positions, measure_backlog
+from ingest.ship.positions import BacklogFile, Positions, measure_backlog, resume_position
 from ingest.ship.readers import file_reader, pipe_reader
 from ingest.ship.sender import Sender
 from ingest.ship.spool import Spool
+from ingest.ship.wire_format import CONTEXT_LINES, CONTEXT_MAX_BYTES
 
 __all__ = ["ShipOptions", "ShipStats", "run_ship"]
 
 log = logging.getLogger("rootrank.ship")
 
-def _state_key(options: ShipOptions, files: Sequence[str], command: Sequence[str]) -> str:
+def _state_key(options: ShipOptions, files: Sequence[str], command: Sequence[str], cluster_key: str) -> str:
+    """The state folder of these inputs shipped to this Kafka (ingest/ship/cluster.py): its positions and
+    spool say what that cluster got, not what another one did."""
     basis = orjson.dumps([options.job_id, options.rank, options.topic, sorted(str(Path(f).resolve()) for f in files),
-                          list(command[:1])])
+                          list(command[:1]), cluster_key])
     return hashlib.sha1(basis).hexdigest()[:12]
 
 
@@ -94,8 +99,12 @@ def run_ship(options: ShipOptions, *, files: Sequence[str] = (), command: Sequen
     sys.setswitchinterval(0.001)
     # Batches are millions of short-lived tuples and no cycles: collecting them is pure overhead.
     gc.set_threshold(200_000, 50, 100)
-    with _locked_dir(Path(options.state_dir), _state_key(options, files, command)) as state:
-        return _run(options, state, list(files), list(command))
+    base = Path(options.state_dir)
+    probe = probe_in_child(options.kafka, options.topic, base,
+                           lambda key: base / _state_key(options, files, command, key) / "positions.json",
+                           connect=bool(files))
+    with _locked_dir(base, _state_key(options, files, command, probe.cluster_key)) as state:
+        return _run(options, state, list(files), list(command), probe)
 
 
 
@@ -144,6 +153,14 @@ def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[
         threading.Thread(target=_watch_control, args=(control_fd, sender), name="ship-control", daemon=True).start()
     frames = FrameQueue(fd, sources)
     batcher = Batcher(options, sources, frames, sender, positions, stats, backlog)
+    names = {batcher.key_of(source): source.name for source in sources.values() if source.file is not None}
+
+    def landed(key: bytes, partition: int, offset: int) -> None:
+        name = names.get(key)
+        if name is not None:
+            positions.acknowledged(name, partition, offset)
+
+    sender.on_kafka_ack = landed
     if options.on_start is not None:
         options.on_start(stats, options.line_filter)
     progress = _start_progress(options, stats, backlog)
@@ -181,7 +198,87 @@ def _shipping_process(fd: int, options: ShipOptions, state: Path, sources: dict[
     return 1 if stats.dropped_lines else 0
 
 
-def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]) -> int:
+def _lines_before(path: str, pos: int) -> list[str]:
+    """The last lines of `path` before byte `pos` (a line's start): a resumed run's first batch's context."""
+    begin = max(0, pos - CONTEXT_MAX_BYTES)
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(begin)
+            data = fh.read(pos - begin)
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").split("\n")
+    if data.endswith(b"\n"):
+        lines.pop()
+    if begin > 0:
+        lines = lines[1:]  # the first may be the end of a longer line
+    return lines[-CONTEXT_LINES:]
+
+
+def _resume_numbering(sources: dict[int, Source], positions: Positions, backlog: dict[int, BacklogFile] | None) -> None:
+    """Before the shipping process is forked (it inherits the sources): a file that resumes from a saved
+    position numbers its lines from the saved line number and has the lines before it for its first
+    batch's context, and every file's key is read from its first line (ingest/order.py), so the lines'
+    positions, order and look back are the file's whatever run sends them."""
+    for source in sources.values():
+        if source.file is None:
+            continue
+        start = backlog.get(source.id) if backlog is not None else None
+        saved = positions.get(source.name)
+        if start is not None and start.start > 0 and saved is not None:
+            source.next_line = int(saved.get("line", 0))
+            source.fresh = False
+            source.recent = _lines_before(source.file, start.start)
+        try:
+            with open(source.file, "rb") as fh:
+                head = fh.read(65536)
+        except OSError:
+            continue
+        if b"\n" in head:
+            source.key = file_key(source.file, first_line_of(head))
+            source.fresh = False
+
+
+def _check_positions(options: ShipOptions, sources: dict[int, Source], positions: Positions, probe: ProbeResult) -> None:
+    """Before anything is read: a file shipped to this Kafka before resumes where it stopped, and says so
+    when nothing is left; --from-start, or a topic that no longer holds what was shipped (a fresh stack
+    that gives the same cluster id), ships it from its first line again."""
+    for source in sources.values():
+        if source.file is None:
+            continue
+        saved = positions.get(source.name)
+        if saved is None:
+            continue
+        when = _when(saved)
+        kafka = saved.get("kafka")
+        if options.from_start:
+            positions.forget(source.name)
+            continue
+        if isinstance(kafka, list) and len(kafka) == 2 and probe.holds.get((int(kafka[0]), int(kafka[1]))) is False:
+            print(f"rootrank ship: {source.file}: {options.topic} no longer holds the lines shipped {when} (a new stack?); "
+                  "sending them again", file=sys.stderr, flush=True)
+            positions.forget(source.name)
+            continue
+        try:
+            st = os.stat(source.file)
+        except OSError:
+            continue
+        if resume_position(saved, st.st_ino, st.st_size) == st.st_size and not options.follow:
+            print(f"rootrank ship: {source.file}: already shipped up to line {int(saved.get('line', 0))} {when}; "
+                  "--from-start sends it again", file=sys.stderr, flush=True)
+    positions.save()
+
+
+def _when(saved: dict[str, Any]) -> str:
+    at = saved.get("at")
+    if not isinstance(at, (int, float)):
+        return "earlier"
+    import datetime as dt
+
+    return "at " + dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _run(options: ShipOptions, state: Path, files: list[str], command: list[str], probe: ProbeResult) -> int:
     """Two processes: this one reads the inputs (and passes a wrapped command's output through);
     a forked, lower-priority one batches and sends. Only chunks cross, through a pipe."""
     sources: dict[int, Source] = {}
@@ -200,9 +297,12 @@ def _run(options: ShipOptions, state: Path, files: list[str], command: list[str]
     else:
         add_source(name="stdin")
 
-    positions = Positions(state / "positions.json")  # read-only here: where followed files resume
+    positions = Positions(state / "positions.json")  # where followed files resume (written here only below)
+    if files:
+        _check_positions(options, sources, positions, probe)
     # Files: their backlog, measured before any is read (the shipping process shows its progress).
     backlog = measure_backlog(sources, positions) if files else None
+    _resume_numbering(sources, positions, backlog)
 
     sys.stdout.flush()
     sys.stderr.flush()

@@ -96,6 +96,8 @@ class Sender:
         self._last_problem = ""  # the drain's last failure, said once
         self._wake = threading.Event()
         self._stop = threading.Event()
+        # Told where each acknowledged message landed (key, partition, offset): the positions remember it.
+        self.on_kafka_ack: Callable[[bytes, int, int], None] | None = None
         self._drainer = threading.Thread(target=self._drain_loop, name="ship-drain", daemon=True)
         self._drainer.start()
 
@@ -161,18 +163,25 @@ class Sender:
         future.add_errback(self._on_error, message)
         return True
 
-    def _on_ack(self, message: Message, _metadata: Any) -> None:
+    def _on_ack(self, message: Message, metadata: Any) -> None:
         with self._lock:
             self._in_flight -= 1
-        self._acked(message)
+        self._acked(message, metadata)
 
-    def _acked(self, message: Message) -> None:
+    def _acked(self, message: Message, metadata: Any) -> None:
         with self._lock:
             self.stats.acked_messages += 1
             self.stats.acked_lines += message.lines
             self.stats.backlog_acked_bytes += message.backlog_bytes
         if message.on_durable:
             message.on_durable(message.seq)
+        self._landed(message, metadata)
+
+    def _landed(self, message: Message, metadata: Any) -> None:
+        on_ack = self.on_kafka_ack
+        partition, offset = getattr(metadata, "partition", None), getattr(metadata, "offset", None)
+        if on_ack is not None and isinstance(partition, int) and isinstance(offset, int) and offset >= 0:
+            on_ack(message.key, partition, offset)
 
     def _on_error(self, message: Message, exc: BaseException) -> None:
         log.debug("delivery failed (%s); spooling", exc)
@@ -254,8 +263,7 @@ class Sender:
             futures = [self._producer.send(self.options.topic, key=m.key, value=m.value, timestamp_ms=m.timestamp_ms)
                        for m in window]
             for message, future in zip(window, futures, strict=True):
-                future.get(timeout=self.options.send_timeout_s + 5)
-                self._acked(message)
+                self._acked(message, future.get(timeout=self.options.send_timeout_s + 5))
                 done += 1
         finally:
             if done < len(window):
@@ -298,7 +306,7 @@ class Sender:
                 for m in window
             ]
             for message, future in zip(window, futures, strict=True):
-                future.get(timeout=self.options.send_timeout_s + 5)
+                metadata = future.get(timeout=self.options.send_timeout_s + 5)
                 with self._spool_lock:
                     self.spool.pop()
                     if self._foreign_spooled:
@@ -311,6 +319,7 @@ class Sender:
                     self.stats.acked_messages += 1
                     self.stats.acked_lines += message.lines
                     self.stats.backlog_acked_bytes += backlog_bytes
+                self._landed(message, metadata)
             self._healthy = True
             self._notify_space()
             if self._last_problem:

@@ -7,21 +7,30 @@ a container's stderr), so identity is sent once per batch, not once per line:
       "v": 2,                         # format version; decoders reject versions they do not know
       "source": "rootrank",           # marks the format (forwarder JSON never has it)
       "job_id": "llama70b-run7",      # optional: the job, when the shipper knows it
-      "host": "node17",               # optional: the machine the lines were read on
+      "host": "node17",               # optional: the host that wrote the lines, when the shipper knows
+                                      #   it (told by --host, or a command it runs; not a file's reader)
+      "shipper": "login01",           # optional: the machine the lines were read on, when not `host`
       "rank": 11,                     # optional: global rank (RANK), when one process writes the stream
       "local_rank": 3,                # optional: LOCAL_RANK
       "pid": 52113,                   # optional
       "attempt": 0,                   # optional: restart count (TORCHELASTIC_RESTART_COUNT)
       "file": "/logs/rank11.log",     # optional: the path the lines were read from
       "labels": {"team": "llm"},      # optional: string -> string
+      "file_key": 1234567,            # optional: the stream's key among a job's files (ingest/order.py:
+                                      #   from its name and first line), which orders lines of different
+                                      #   files as `rootrank diagnose` orders them
       "offset": 5120,                 # optional: line number of the first line in its stream (0-based),
                                       #   so every line has a stable position: a re-sent batch decodes
                                       #   to the same events, and order survives equal timestamps
       "text": "first line\nsecond line",  # required: the lines joined by "\n" (no line holds one)
       "ts": [1714564800.123456, null], # optional: per line, epoch seconds when the shipper read it, or
                                       #   null; one number for every line; absent or null: unknown
-      "stream": "stderr"              # optional: "stdout"/"stderr" for every line, or a list, one per
+      "stream": "stderr",             # optional: "stdout"/"stderr" for every line, or a list, one per
                                       #   line; absent or null: unknown
+      "context": "line 4998\nline 4999" # optional: the lines of the same stream right before the first
+                                      #   line (at most CONTEXT_LINES, CONTEXT_MAX_BYTES), never scanned:
+                                      #   a line without a time or an owner of its own looks back into
+                                      #   them as `rootrank diagnose` looks back in the file
     }
 
 The lines travel as one string, not a row per line, so the worker decodes a batch into one string
@@ -41,6 +50,8 @@ from dataclasses import dataclass, field
 import orjson
 
 __all__ = [
+    "CONTEXT_LINES",
+    "CONTEXT_MAX_BYTES",
     "MAX_BATCH_BYTES",
     "ROWS_FORMAT_VERSION",
     "SHIP_FORMAT_VERSION",
@@ -57,6 +68,8 @@ SHIP_FORMAT_VERSION = 2
 ROWS_FORMAT_VERSION = 1  # a row per line: read, and written when a line holds a newline
 SHIP_SOURCE = "rootrank"
 MAX_BATCH_BYTES = 900_000
+CONTEXT_LINES = 64  # correlator.diagnosis.framing.CONTINUATION_LOOKBACK: what a look back can read
+CONTEXT_MAX_BYTES = 64 * 1024
 
 ShipLine = tuple[float | None, str | None, str]
 
@@ -81,6 +94,18 @@ class ShipBatch:
     file: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     offset: int | None = None
+    context: list[str] = field(default_factory=list)  # the lines right before the first, in file order
+    shipper: str | None = None
+    file_key: int | None = None
+
+
+def bounded_context(lines: Sequence[str], max_bytes: int = CONTEXT_MAX_BYTES) -> list[str]:
+    """The last CONTEXT_LINES of `lines` that fit in `max_bytes` (the closest ones kept)."""
+    out = list(lines[-CONTEXT_LINES:])
+    size = sum(len(line) + 1 for line in out)
+    while out and size > max_bytes:
+        size -= len(out.pop(0)) + 1
+    return out
 
 
 def _header(
@@ -93,13 +118,18 @@ def _header(
     file: str | None,
     labels: Mapping[str, str] | None,
     offset: int | None = None,
+    context: Sequence[str] | None = None,
+    shipper: str | None = None,
+    file_key: int | None = None,
 ) -> dict[str, object]:
     header: dict[str, object] = {"v": SHIP_FORMAT_VERSION, "source": SHIP_SOURCE}
-    given = {"job_id": job_id, "host": host, "rank": rank, "local_rank": local_rank, "pid": pid, "attempt": attempt,
-             "file": file, "offset": offset}
+    given = {"job_id": job_id, "host": host, "shipper": shipper, "rank": rank, "local_rank": local_rank, "pid": pid,
+             "attempt": attempt, "file": file, "file_key": file_key, "offset": offset}
     header.update({key: value for key, value in given.items() if value is not None})
     if labels:
         header["labels"] = {str(k): str(v) for k, v in labels.items()}
+    if context:
+        header["context"] = "\n".join(bounded_context(context))
     return header
 
 
@@ -116,13 +146,17 @@ def encode_batch(
     labels: Mapping[str, str] | None = None,
     offset: int | None = None,
     version: int = SHIP_FORMAT_VERSION,
+    context: Sequence[str] | None = None,
+    shipper: str | None = None,
+    file_key: int | None = None,
 ) -> bytes:
     """One Kafka message value holding `lines` ((ts, stream, text) each) and their identity. `version`
-    1 writes a row per line (what shippers before version 2 sent)."""
+    1 writes a row per line (what shippers before version 2 sent). `context`: the lines of the stream
+    before the first (the last CONTEXT_LINES are sent)."""
     if not lines:
         raise ValueError("a batch needs at least one line")
-    return orjson.dumps(_with_lines(_header(job_id, host, rank, local_rank, pid, attempt, file, labels, offset),
-                                    lines, version))
+    return orjson.dumps(_with_lines(_header(job_id, host, rank, local_rank, pid, attempt, file, labels, offset,
+                                            context, shipper, file_key), lines, version))
 
 
 def _with_lines(header: dict[str, object], lines: Sequence[ShipLine], version: int = SHIP_FORMAT_VERSION) -> dict[str, object]:
@@ -157,13 +191,22 @@ def encode_batches(
     file: str | None = None,
     labels: Mapping[str, str] | None = None,
     offset: int | None = None,
+    context: Sequence[str] | None = None,
+    shipper: str | None = None,
+    file_key: int | None = None,
 ) -> list[bytes]:
-    """Like `encode_batch`, split into as many messages as needed to stay under `max_bytes`.
+    """Like `encode_batch`, split into as many messages as needed to stay under `max_bytes`; each message's
+    context is the lines before it (`context`, then the earlier messages' lines).
 
     A single line bigger than the limit is cut (the decoder flags over-long lines anyway).
     """
-    header = _header(job_id, host, rank, local_rank, pid, attempt, file, labels, offset)
-    overhead = len(orjson.dumps(header)) + len(',"lines":[]') + (24 if offset is not None else 0)
+    header = _header(job_id, host, rank, local_rank, pid, attempt, file, labels, offset, shipper=shipper,
+                     file_key=file_key)
+    # A message's context: at most an eighth of it, which JSON may escape to twice its size.
+    context_bytes = min(CONTEXT_MAX_BYTES, max_bytes // 8)
+    before = bounded_context(list(context or ()), context_bytes)
+    overhead = len(orjson.dumps(header)) + len(',"lines":[]') + (24 if offset is not None else 0) \
+        + len(',"context":""') + 2 * context_bytes
     sent = 0  # lines already in earlier messages (advances `offset` per message)
     budget = max(max_bytes - overhead, 256)
     out: list[bytes] = []
@@ -176,18 +219,20 @@ def encode_batches(
             text = text.encode("utf-8")[:keep].decode("utf-8", "ignore")  # noqa: PLW2901 - the line, cut to fit
             item_size = len(orjson.dumps([ts, stream, text])) + 1
         if chunk and size + item_size > budget:
-            out.append(orjson.dumps(_with_lines(_with_offset(header, offset, sent), chunk)))
+            out.append(orjson.dumps(_with_lines(_with_offset(header, offset, sent, before), chunk)))
             sent += len(chunk)
+            before = bounded_context([*before, *(t for _, _, t in chunk)], context_bytes)
             chunk, size = [], 0
         chunk.append((ts, stream, text))
         size += item_size
     if chunk:
-        out.append(orjson.dumps(_with_lines(_with_offset(header, offset, sent), chunk)))
+        out.append(orjson.dumps(_with_lines(_with_offset(header, offset, sent, before), chunk)))
     return out
 
 
-def _with_offset(header: dict[str, object], offset: int | None, sent: int) -> dict[str, object]:
-    return header if offset is None else {**header, "offset": offset + sent}
+def _with_offset(header: dict[str, object], offset: int | None, sent: int, context: Sequence[str] = ()) -> dict[str, object]:
+    out = header if offset is None else {**header, "offset": offset + sent}
+    return {**out, "context": "\n".join(context)} if context else out
 
 
 def is_ship_batch(obj: Mapping[str, object]) -> bool:
@@ -249,8 +294,12 @@ def parse_batch(obj: Mapping[str, object]) -> ShipBatch:
         labels = {str(k): str(v) for k, v in labels_obj.items() if v is not None}
     elif labels_obj is not None:
         raise ShipFormatError("bad_field", "labels")
+    context_obj = obj.get("context")
+    if context_obj is not None and not isinstance(context_obj, str):
+        raise ShipFormatError("bad_field", "context")
     return ShipBatch(
         lines=lines,
+        context=context_obj.split("\n") if context_obj else [],
         job_id=_opt_str(obj, "job_id"),
         host=_opt_str(obj, "host"),
         rank=_opt_int(obj, "rank"),
@@ -260,6 +309,8 @@ def parse_batch(obj: Mapping[str, object]) -> ShipBatch:
         file=_opt_str(obj, "file"),
         labels=labels,
         offset=_opt_int(obj, "offset"),
+        shipper=_opt_str(obj, "shipper"),
+        file_key=_opt_int(obj, "file_key"),
     )
 
 

@@ -116,9 +116,9 @@ async def scenario(bootstrap: str, settings: Settings) -> tuple[RecordingProcess
     match_chunk = first.match_chunk
     batches = 0
 
-    async def slow_first_batches(records: Sequence[Any]) -> list[Any]:
+    async def slow_first_batches(records: Sequence[Any], values: list[bytes | None], size: int) -> list[Any]:
         nonlocal batches
-        futures = await match_chunk(records)
+        futures = await match_chunk(records, values, size)
         batches += 1
         if batches == 1:
             first.held_partitions = {record.partition for record in records}  # type: ignore[attr-defined]

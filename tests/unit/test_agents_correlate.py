@@ -22,6 +22,7 @@ from correlator.diagnosis.rules import RuleSet, load_ruleset
 from correlator.diagnosis.signals import SignalExtractor
 from correlator.stream.agents.correlate import (
     JobCorrelator,
+    JobEntry,
     close_message,
     make_correlate_agent,
     next_quiet_at,
@@ -214,12 +215,23 @@ def test_quiet_jobs_skips_open_windows_still_active_and_other_partitions() -> No
     assert next_quiet_at(entries, now=124.0, quiet_window_s=5.0, active_partitions={1}) is None
 
 
-def test_engine_clock_follows_event_time_for_replayed_logs(ruleset: RuleSet, extractor: SignalExtractor) -> None:
+def test_a_close_diagnoses_on_the_jobs_own_clock_however_long_it_was_quiet(ruleset: RuleSet,
+                                                                            extractor: SignalExtractor) -> None:
+    """Closing a window runs the engine as `rootrank diagnose` runs it, at the job's latest event: a
+    checkpoint save logged as the job's last line has not missed its 1,200 s deadline, however long the
+    job then stayed quiet on the wall clock (a replay, a late close, a restarted worker). (Off: the
+    engine's clock advanced by the quiet time -> the absence rule fires after the job went quiet.)"""
     correlator = JobCorrelator(Engine(ruleset), quiet_window_s=QUIET_S)
-    state = JobState(job_id="j")
-    for s in oom_signals(extractor, "j", [(0, 0.0), (1, 30.0)]):
-        state.add(s, now=5000.0)
-    assert correlator.engine_now(state, 5007.0) == pytest.approx((T0 + timedelta(seconds=30)).timestamp() + 7.0)
+    events = [LogEvent(job_id="j", host="node-0", rank=0, ts=T0, offset=0, file="rank0.log",
+                       line="[Rank 0] Saving model checkpoint: /ckpt/global_step400")]
+    signals = extractor.from_events(events)
+    entry = JobEntry(state=JobState(job_id="j"))
+    entry.state.add_all(signals, now=5000.0)
+    entry.open = True
+    offline = JobState(job_id="j")
+    offline.add_all(signals)
+    assert not Engine(ruleset).diagnose(offline)  # the deadline is not reached by the job's last line
+    assert correlator.close(entry, 5000.0 + 7 * 24 * 3600) == []
 
 
 def test_an_engine_error_closes_the_window_and_keeps_the_worker_going(ruleset: RuleSet, extractor: SignalExtractor) -> None:
@@ -270,3 +282,23 @@ def test_a_window_restored_on_a_partition_just_taken_waits_a_quiet_window() -> N
     assert quiet_jobs(entries, now=120.0, quiet_window_s=5.0, active_partitions={1}, taken_at=taken) == []
     assert next_quiet_at(entries, now=120.0, quiet_window_s=5.0, active_partitions={1}, taken_at=taken) == 123.0
     assert quiet_jobs(entries, now=123.5, quiet_window_s=5.0, active_partitions={1}, taken_at=taken) == ["restored"]
+
+
+def test_a_failure_later_lines_show_was_survived_is_sent_again_as_recovered(ruleset: RuleSet,
+                                                                           extractor: SignalExtractor) -> None:
+    """Rank 3's OOM is closed as the failure; then its later progress lines arrive (a forwarder held them
+    up): the job went on after it, so the incident is revised, recovered, as `rootrank diagnose` of all the
+    lines reports it. (Off: a revision is sent only when class, initiator or collateral change -> the store
+    keeps the OOM open as what ended the job.)"""
+    correlator = JobCorrelator(Engine(ruleset), quiet_window_s=QUIET_S)
+    entry = JobEntry(state=JobState(job_id="j"))
+    entry.state.add_all(oom_signals(extractor, "j", [(3, 0.0)]), now=100.0)
+    first = correlator.close(entry, 110.0)
+    assert [(i.class_, i.recovered, i.revision) for i in first] == [("cuda_oom", False, 1)]
+    later = [LogEvent(job_id="j", host="node-0", rank=3, ts=T0 + timedelta(seconds=at), offset=10 + n,
+                      file="rank3.log", line=f"{{'loss': 2.31, 'grad_norm': 1.02, 'learning_rate': 3e-05, 'epoch': {n}}}")
+             for n, at in enumerate((30.0, 60.0, 90.0))]
+    entry.state.add_all(extractor.from_events(later), now=120.0)
+    entry.open = True
+    revised = correlator.close(entry, 130.0)
+    assert [(i.incident_id, i.recovered, i.revision) for i in revised] == [(first[0].incident_id, True, 2)]

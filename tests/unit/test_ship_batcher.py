@@ -78,7 +78,9 @@ def test_file_position_advances_only_over_durable_messages(tmp_path: Path) -> No
     run_batcher(tmp_path, chunks, sources, positions)
     positions.save()
     # Spooled = durable. The file ended without a newline: its last line counts as read.
-    assert orjson.loads((tmp_path / "positions.json").read_bytes()) == {"/logs/rank0.log": {"inode": 7, "pos": 11, "line": 3}}
+    saved = orjson.loads((tmp_path / "positions.json").read_bytes())
+    assert saved["/logs/rank0.log"].pop("at") > 0  # when it advanced: what `ship` says of a file shipped before
+    assert saved == {"/logs/rank0.log": {"inode": 7, "pos": 11, "line": 3}}
 
 
 def test_positions_commit_in_order() -> None:
@@ -88,4 +90,31 @@ def test_positions_commit_in_order() -> None:
     positions.durable("f", 2)
     assert positions.get("f") is None  # 1 is not durable yet: 20 would skip its lines after a crash
     positions.durable("f", 1)
-    assert positions.get("f") == {"pos": 20}
+    assert {k: v for k, v in (positions.get("f") or {}).items() if k != "at"} == {"pos": 20}
+
+
+def test_a_resumed_file_numbers_its_lines_from_where_it_stopped_with_its_files_key(tmp_path: Path) -> None:
+    """A second run resumes after the 3 lines the first shipped: its batch says line 3 onwards, with the context
+    a look back needs and the file's key from its first line (the place diagnose gives the file among the
+    job's), as one run shipping the whole file would. (Off: the forked shipping process numbered the lines
+    of a resumed run from 0, and keyed the file by the line it resumed at.)"""
+    from ingest.order import file_key
+    from ingest.ship.positions import measure_backlog
+    from ingest.ship.runner import _resume_numbering
+
+    log = tmp_path / "rank0.log"
+    lines = ["2026-03-14 09:00:00,000 started", "a", "b", "Traceback (most recent call last):", "  frame", "Err: x"]
+    log.write_text("\n".join(lines) + "\n")
+    first = len("\n".join(lines[:3])) + 1
+    positions = Positions(tmp_path / "positions.json")
+    positions.saved[str(log)] = {"inode": log.stat().st_ino, "pos": first, "line": 3}
+    sources = {0: Source(id=0, name=str(log), file=str(log))}
+    _resume_numbering(sources, positions, measure_backlog(sources, positions))
+    key = file_key(str(log), lines[0])
+    assert sources[0].next_line == 3 and sources[0].key == key
+    rest = log.read_bytes()[first:]
+    (batch,) = run_batcher(tmp_path, [Chunk(0, rest, None, end_pos=len(log.read_bytes()), inode=log.stat().st_ino),
+                                      Chunk(0, b"", None, eof=True)], sources)
+    assert batch["offset"] == 3 and batch["file_key"] == key
+    assert parse_batch(batch).lines[0][2] == "Traceback (most recent call last):"
+    assert parse_batch(batch).context == ["2026-03-14 09:00:00,000 started", "a", "b"]

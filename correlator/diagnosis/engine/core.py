@@ -53,7 +53,7 @@ from correlator.diagnosis.engine.sequence_absence_metric import (
     same_process,
 )
 from correlator.diagnosis.engine.state import JobState
-from correlator.diagnosis.engine.timeline import Clock, Timeline, build_timeline, estimate_clock
+from correlator.diagnosis.engine.timeline import Clock, Timeline, build_timeline, estimate_clock, job_anchors
 from correlator.diagnosis.engine.victims import first_consequences, victims
 from correlator.diagnosis.models import SEVERITY_RANK, Incident, Signal
 from correlator.diagnosis.rules import GENERIC_CLASSES, HINT_TAG, Rule, RuleSet
@@ -110,7 +110,7 @@ class Engine:
         now_t = now.timestamp() if isinstance(now, datetime) else now
         if not state.signals and not state.aggregates:
             return []
-        clock = estimate_clock(state.anchors, state.receive_lag)
+        clock = estimate_clock(job_anchors(state), state.receive_lag)
         resolver = IdentityResolver(state)
         signals = [self._with_attempt(fill_identity(s, resolver), state) for s in state.signals]
         timeline = build_timeline(signals, clock)

@@ -244,6 +244,27 @@ class JobFacts(BaseModel):
         attempt = identity_from_path(mark.file).get("attempt") if mark.file else None
         return attempt if isinstance(attempt, int) else self.attempt_at(mark.t, host, mark.file, mark.order)
 
+    def attempt_by_own_restarts(self, signal: Signal) -> int:
+        """The attempt of a signal by the restart lines its own host logged (untimed: those before it in its
+        file; not a restart inferred from other lines): what folding a collateral line into an aggregate may
+        rely on. Another host's restart line, or the progress a restart is inferred from, may reach the state
+        before or after this line (files read in any order, partitions read at their own pace); this host's
+        own comes before its later lines, in its stream."""
+        if signal.attempt is not None:
+            return signal.attempt
+        t = time_of(signal)
+        host = signal.host or ""
+        attempt = 0
+        for restart in self.restarts:
+            if restart.inferred:
+                continue  # inferred from progress lines, which may reach the state after this line
+            own = restart.hosts.get(host) if t is not None else None
+            if (own is not None and t is not None and own <= t) or (
+                t is None and restart.file == signal.file and restart.order is not None and restart.order < signal.order
+            ):
+                attempt = restart.restart_count if restart.restart_count is not None else attempt + 1
+        return attempt
+
     def attempt_at(self, t: float | None, host: str | None = None, file: str | None = None,
                    order: int | None = None) -> int:
         attempt = 0
@@ -587,9 +608,7 @@ class JobFacts(BaseModel):
             self.receive_lag[host] = min(self.receive_lag.get(host, lag), lag)
         if signal.kind == "match" and signal.class_ == "launcher_teardown":
             self._anchor("teardown", host, t)
-        step = signal.fields.get("step")
-        if isinstance(step, int) and "metric" in signal.fields:
-            self._anchor(f"step:{step}", host, t)
+        # training steps: from the step lines the state keeps, when the job is diagnosed (timeline.job_anchors)
 
     def _anchor(self, key: str, host: str, t: float) -> None:
         hosts = self.anchors.get(key)

@@ -193,10 +193,19 @@ class SignalStore(JobFacts):
             floors.pop(which, None)
 
     def _delete(self, position: int) -> None:
-        """The one way a kept signal leaves `signals`: positions after it move, so the key index is rebuilt
-        on its next use, and every marker floor is forgotten (the set it was read from changed)."""
-        del self.signals[position]
-        self._lookup.index = None
+        """The one way a kept signal leaves `signals`: positions after it move down one in the key index
+        (rebuilt on its next use when it does not hold the signal), and every marker floor is forgotten (the
+        set it was read from changed). Moving the positions costs a pass over ints; a rebuild, a key made of
+        each kept signal's fields, which a job of many ranks paid on every progress marker it replaced."""
+        removed = self.signals.pop(position)
+        lookup = self._lookup
+        index = lookup.index
+        key = dedupe_key(removed) if index is not None and lookup.of is self.signals else None
+        if index is not None and key is not None and index.get(key) == position:
+            del index[key]
+            lookup.index = {k: i - 1 if i > position else i for k, i in index.items()}
+        else:
+            lookup.index = None
         self._forget_floors()
 
     def _evict(self, position: int) -> None:
@@ -261,7 +270,9 @@ class SignalStore(JobFacts):
     # --- aggregates -----------------------------------------------------------------------
 
     def _aggregate_key(self, signal: Signal) -> str:
-        return f"{signal.rule_id}|{pg_of(signal) or ''}|{self.attempt_of(signal)}"
+        # By its own host's restarts only, so the same lines fold the same whatever order hosts arrive in;
+        # the aggregate's attempt is decided again, by every restart known, when the job is diagnosed.
+        return f"{signal.rule_id}|{pg_of(signal) or ''}|{self.attempt_by_own_restarts(signal)}"
 
     def _fold(self, signal: Signal, repeats: int) -> None:
         key = self._aggregate_key(signal)
@@ -272,7 +283,7 @@ class SignalStore(JobFacts):
                 return
             aggregate = self.aggregates[key] = Aggregate(
                 rule_id=signal.rule_id, class_=signal.class_, severity=signal.severity, role=signal.role,
-                pg=pg_of(signal), attempt=self.attempt_of(signal),
+                pg=pg_of(signal), attempt=self.attempt_by_own_restarts(signal),
             )
         aggregate.add(signal, repeats)
 

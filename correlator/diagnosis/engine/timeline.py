@@ -4,7 +4,10 @@ Shared events ("anchors") kept by the state:
 - the watchdog timeouts of one collective (`wd:PG:SeqNum`): every waiting rank's timer ran out together;
 - one NCCL communicator's init burst (`init:commId`): every rank joins it within a second;
 - the launcher's teardown (`teardown`): every agent kills its workers when the group fails;
-- the same training step (`step:N`) on every rank of a synchronous job.
+- the same training step (`step:N`) on every rank of a synchronous job, read from the step lines the state
+  keeps (each process's metric peaks and latest progress: `job_anchors`), not from every line that passed:
+  which routine lines reach the state depends on how they were batched (a file folded whole by `diagnose`,
+  the stream's batches), what it keeps in the end does not.
 A host's offset is the median, over anchors, of its time minus the median of all hosts' times for that
 anchor. Without anchors, the forwarders' receive stamps give each host's lag; without those, host clocks
 are taken as they are. The method is reported with the incident.
@@ -18,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from correlator.diagnosis.engine.keys import time_of
+from correlator.diagnosis.engine.keys import has_own_time, time_of
 from correlator.diagnosis.engine.state import JobState
 from correlator.diagnosis.models import Signal
 
@@ -69,11 +72,27 @@ def estimate_clock(anchors: Mapping[str, Mapping[str, float]], receive_lag: Mapp
     return Clock()
 
 
+def job_anchors(state: JobState) -> dict[str, dict[str, float]]:
+    """The state's anchors, with the training steps of the step lines it keeps (the earliest per host)."""
+    anchors = {key: hosts for key, hosts in state.anchors.items() if not key.startswith("step:")}
+    steps: dict[str, dict[str, float]] = {}
+    for signal in state.signals:
+        step = signal.fields.get("step")
+        if not isinstance(step, int) or not signal.host or signal.ts is None or not has_own_time(signal):
+            continue
+        if "metric" not in signal.fields and signal.fields.get("fact") != "progress":
+            continue
+        hosts = steps.setdefault(f"step:{step}", {})
+        t = signal.ts.timestamp()
+        hosts[signal.host] = min(hosts.get(signal.host, t), t)
+    return {**anchors, **steps}
+
+
 def estimate_host_offsets(signals: Sequence[Signal]) -> dict[str, float]:
     """Offsets from a list of signals alone (the HTML report's timeline): the same anchors as the engine's."""
     state = JobState(job_id="")
     state.add_all(signals)
-    return estimate_clock(state.anchors, state.receive_lag).offsets
+    return estimate_clock(job_anchors(state), state.receive_lag).offsets
 
 
 @dataclass

@@ -47,9 +47,12 @@ def signal_digest(raw: bytes) -> str:
 
 
 def incident_fingerprint(incident: Incident) -> str:
-    """What makes a new revision: the class, the initiator and the collateral."""
+    """What makes a new revision: the class, the initiator, the collateral, and whether the job survived it (a
+    failure later lines show the job went on after becomes a recovered warning: the sink and the receivers
+    must hear it, or the store keeps it open as what ended the job while `diagnose` lists it as survived)."""
     data = incident.to_json_dict()
-    basis = {"class": data["class"], "initiator": data["initiator"], "collateral": data["collateral"]}
+    basis = {"class": data["class"], "initiator": data["initiator"], "collateral": data["collateral"],
+             "recovered": data["recovered"]}
     return hashlib.sha256(orjson.dumps(basis, option=orjson.OPT_SORT_KEYS)).hexdigest()[:24]
 
 
@@ -198,24 +201,15 @@ class JobCorrelator:
         last = entry.state.last_update
         return entry.open and (last is None or now - last >= self.quiet_window_s)
 
-    def engine_now(self, state: JobState, now: float) -> float | None:
-        """The engine's clock: the job's latest event time, advanced by how long the job has been quiet.
-
-        Live, this is about the wall clock; for a replay of old logs it stays in the logs' own time
-        (like `rootrank diagnose`), so absence rules do not fire just because the logs are old.
-        """
-        times = [s.ts or s.received_ts for s in state.signals]
-        latest = max((t.timestamp() for t in times if t is not None), default=None)
-        if latest is None:
-            return None
-        idle = max(0.0, now - state.last_update) if state.last_update is not None else 0.0
-        return latest + idle
-
     def close(self, entry: JobEntry, now: float) -> list[Incident]:
-        """Diagnose a quiet job; returns the incidents to emit (new, or revised) and marks them emitted."""
+        """Diagnose a quiet job; returns the incidents to emit (new, or revised) and marks them emitted.
+
+        The engine's clock is the job's own, its latest event, as `rootrank diagnose` runs it: how long
+        the job has been quiet (on the wall clock, which depends on when its lines arrived) changes
+        nothing, so a replay, a restart or a late close gives the same incidents."""
         entry.open = False
         state = entry.state
-        incidents = self.engine.diagnose(state, self.engine_now(state, now))
+        incidents = self.engine.diagnose(state)
         out: list[Incident] = []
         for incident in incidents:
             fingerprint = incident_fingerprint(incident)

@@ -22,6 +22,8 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from correlator.diagnosis.framing import frame_line, line_process
+from correlator.diagnosis.matcher import Hit
 from correlator.diagnosis.models import Signal
 from correlator.diagnosis.prefilter import JsonScreen
 from correlator.diagnosis.signals import SignalExtractor
@@ -32,7 +34,9 @@ from ingest.decoders import (
     decode_lines,
     to_event,
 )
+from ingest.decoders.events import file_line_event
 from ingest.event import LogEvent
+from ingest.order import line_order, message_position, record_key
 from ingest.ship.wire_format import SHIP_SOURCE
 
 log = logging.getLogger(__name__)
@@ -118,8 +122,6 @@ def signal_messages(signals: Sequence[Signal], *, max_bytes: int = SIGNALS_MESSA
     return out
 
 
-# Lines of one message share its Kafka offset; this stride keeps their order inside the message.
-LINES_PER_OFFSET = 1_000_000
 
 
 @dataclass(slots=True)
@@ -128,7 +130,7 @@ class _Segment:
 
     start: int
     lines: DecodedLines
-    base: int  # LINES_PER_OFFSET * Kafka offset: orders lines that carry no position of their own
+    offset: int  # the message's Kafka offset: orders the records that carry no position of their own
     owner: int  # index of the message in the batch
 
 
@@ -206,13 +208,44 @@ class MatchProcessor:
 
         def order_of(i: int) -> int:
             event = event_at(i)
-            return event.offset if event.offset is not None else i
+            segment = segments[i] if one_per_message else segments[bisect_right(starts, i) - 1]
+            base = segment.lines.order_base  # a file's line: its file's place, then its line number
+            if base is not None and event.offset is not None:
+                return base + event.offset
+            # A forwarder's record: its stream's place, then its position (ingest/order.py), as diagnose
+            # orders a file of such messages.
+            record = segment.lines.record(i - segment.start)
+            position = event.offset if event.offset is not None else i
+            return line_order(record_key(record.file, record.host), position)
+
+        matcher = self.extractor.matcher
+
+        def frame(i: int, hit: Hit) -> tuple[LogEvent, str, bool]:
+            """A file's line (a shipped batch's) framed as `rootrank diagnose` frames it: the same look back
+            (the batch's lines before it, then the context the shipper sent), the same identity order."""
+            segment = segments[i] if one_per_message else segments[bisect_right(starts, i) - 1]
+            lines = segment.lines
+            if not lines.from_file:
+                return event_at(i), texts[i], False
+            local = i - segment.start
+            rule_index = hit.rule_index
+            framed = frame_line(texts[i], lambda: lines.lines_before(local),
+                                lambda text: matcher.matches(rule_index, text))
+            record, offset = record_at(i)
+            own = framed.identity.ts is not None or record.ts is not None
+            event = cache[i] = file_line_event(record, framed.identity, framed.ts, offset=offset,
+                                               path_regex=self.job_path_regex)
+            return event, framed.raw, framed.borrowed and not own
 
         runs = [] if one_per_message else [
             (segment.start + lo, segment.start + hi) for segment in segments for lo, hi in segment.lines.stream_runs()]
         known = {(segment.start, segment.start + len(segment.lines)): segment.lines.joined
                  for segment in segments if segment.lines.joined is not None}
-        return self.extractor.from_texts(texts, event_at, stream_of, order_of, runs, known)
+        framing = any(segment.lines.from_file for segment in segments)
+        # Routine lines fold per process, as diagnose folds them: a file (or a forwarder's stream) may hold
+        # the lines of many ranks.
+        return self.extractor.from_texts(texts, event_at, stream_of, order_of, runs, known,
+                                         frame if framing else None, lambda i: line_process(texts[i]))
 
     def process(self, messages: Sequence[RawMessage]) -> MatchOutput:
         return self.process_values([m.value for m in messages], messages.__getitem__)
@@ -253,7 +286,7 @@ class MatchProcessor:
                 continue
             out.processed += 1
             if len(lines):
-                segments.append(_Segment(len(texts), lines, message.offset * LINES_PER_OFFSET, index))
+                segments.append(_Segment(len(texts), lines, message.offset, index))
                 texts.extend(lines.texts)
         out.lines += len(texts)
         if texts:
@@ -269,7 +302,7 @@ class MatchProcessor:
         signals: list[Signal] = []
         for segment in segments:
             try:
-                signals.extend(self.extract([_Segment(0, segment.lines, segment.base, segment.owner)],
+                signals.extend(self.extract([_Segment(0, segment.lines, segment.offset, segment.owner)],
                                              segment.lines.texts))
             except Exception as exc:  # noqa: BLE001 - this value is poison: dead-letter it
                 out.processed -= 1
@@ -282,11 +315,14 @@ class MatchProcessor:
 def _record_at(segment: _Segment, index: int) -> tuple[RawRecord, int | None]:
     """The record of a message's `index`-th line, and the order key it gets when it carries no position."""
     record = segment.lines.record(index)
-    if record.source == SHIP_SOURCE and record.ts is None:
-        # The shipper found this line already in its file (no read time): when it reached
-        # Kafka says nothing about when it was written. Without a receive time the engine
-        # times it from the timed lines around it in its file, as `rootrank diagnose` does.
+    if record.received_ts is not None and (record.source == SHIP_SOURCE or record.ts is not None):
+        # The Kafka record's time is a line's receive time only for a value that carries no time at all
+        # (plain text). A shipped line already in its file (no read time) was written whenever: its
+        # Kafka time says nothing; the engine times it from the lines before it in its file, as
+        # `rootrank diagnose` does. A forwarder's record carries the forwarder's own time (and a syslog
+        # header its own), which `rootrank diagnose` of the same messages reads too; a Kafka time
+        # beside it would give the stream a clock (the hosts' receive lags) diagnose cannot have.
         record.received_ts = None
     # A position the forwarder sent (Filebeat's log.offset) wins; else the Kafka offset orders
     # the lines, which is all there is for one-line-per-message forwarders.
-    return record, None if record.offset is not None else segment.base + index
+    return record, None if record.offset is not None else message_position(segment.offset, index)

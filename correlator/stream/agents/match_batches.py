@@ -165,11 +165,17 @@ class LogBatchReader(Service):
     async def handle(self, batch: dict[TopicPartition, list[Any]]) -> None:
         """Match every record of `batch`, wait for Kafka's acks of the output, then commit."""
         records = [record for part in batch.values() for record in part]
+        values = [record.value for record in records]
         pending: list[Any] = []
-        for number, chunk in enumerate(chunks_by_bytes(records, self.scan_max_bytes)):
-            if number:
-                await asyncio.sleep(0)  # heartbeats, the producer's sends, the metrics page
-            pending.extend(await self.match_chunk(chunk))
+        size = sum(map(len, values)) if None not in values else sum(len(v or b"") for v in values)
+        if size <= self.scan_max_bytes:  # the usual batch: one run, its values and size known already
+            pending.extend(await self.match_chunk(records, values, size))
+        else:
+            for number, chunk in enumerate(chunks_by_bytes(records, self.scan_max_bytes)):
+                if number:
+                    await asyncio.sleep(0)  # heartbeats, the producer's sends, the metrics page
+                chunk_values = [record.value for record in chunk]
+                pending.extend(await self.match_chunk(chunk, chunk_values, sum(len(v or b"") for v in chunk_values)))
         if pending:
             await asyncio.gather(*pending)
         offsets = {tp: part[-1].offset + 1 for tp, part in batch.items()}
@@ -182,10 +188,10 @@ class LogBatchReader(Service):
             self.read_offsets.update({tp: offset - 1 for tp, offset in offsets.items()})
         self.batches += 1
 
-    async def match_chunk(self, records: Sequence[Any]) -> list[Any]:
-        """Process one run of records; returns the producer futures of its output."""
+    async def match_chunk(self, records: Sequence[Any], values: list[bytes | None], size: int) -> list[Any]:
+        """Process one run of records (`values` theirs, `size` bytes in all); returns the producer futures of
+        its output."""
         started = time.perf_counter()
-        values = [record.value for record in records]
 
         def message_at(index: int) -> RawMessage:
             record = records[index]
@@ -193,7 +199,6 @@ class LogBatchReader(Service):
             return RawMessage(record.value, record.topic, record.partition, record.offset, stamp)
 
         out: MatchOutput = self.processor.process_values(values, message_at)
-        size = sum(map(len, values)) if None not in values else sum(len(v or b"") for v in values)
         metrics.count_match_batch(size, out.lines, time.perf_counter() - started)
         metrics.count_signals(out.signals)
         metrics.count_dead_letters("match", out.dead_letters)

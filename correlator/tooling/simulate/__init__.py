@@ -42,11 +42,12 @@ from correlator.tooling.simulate.truth import (
     logs_dir,
     read_truth,
 )
-from correlator.tooling.simulate.writing import FORMATS, write_logs
+from correlator.tooling.simulate.writing import FORMATS, LAYOUTS, write_logs
 
 __all__ = [
     "DEMO_RANK",
     "FORMATS",
+    "LAYOUTS",
     "STORIES",
     "Options",
     "SimulateError",
@@ -81,6 +82,7 @@ def simulate(
     start: datetime | None = None,
     options: Options | None = None,
     ruleset: object | None = None,
+    layout: str = "hosts",
 ) -> Truth:
     """Write the logs of one simulated failing job into `out` and return (and write) its truth.
 
@@ -92,6 +94,9 @@ def simulate(
       byte-identical output across runs.
     options: the scale suite's variations (tensor-parallel groups, a restart, red herrings, a late cause).
     ruleset: accepted for callers of the earlier API; the simulator does not read rules.
+    layout: plain logs only: `hosts` (a file per host), `single` (the whole job in one file) or `logdir`
+      (torchrun's `--log-dir` tree per host: HOST/attempt_N/LOCAL_RANK/stderr.log without rank prefixes,
+      HOST/agent.log, HOST/kern.log).
 
     Layout (JOB = truth.job_id, e.g. sim-cuda-oom-3): out/JOB/<host>/train.log (+ out/JOB/<host>/kern.log)
     for plain, out/JOB/messages.jsonl for the JSON forwarders, out/JOB/rsyslog.log for rsyslog;
@@ -100,6 +105,8 @@ def simulate(
     del ruleset
     if fmt not in FORMATS:
         raise SimulateError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    if layout not in LAYOUTS or (layout != "hosts" and fmt != "plain"):
+        raise SimulateError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}, and only `hosts` for --format {fmt}")
     sc = Scenario(
         cls, world_size=world_size, hosts=hosts, seed=seed, skew_max_s=skew_max_s, noise_lines=noise_lines,
         late_lines=late_lines, initiator_rank=initiator_rank, classes=taxonomy(), demo=demo,
@@ -114,7 +121,7 @@ def simulate(
         sc.shift(time.time() - 1.0 - last)
     sc.make_late()
     out = Path(out)
-    files = write_logs(sc, fmt, out)
+    files = write_logs(sc, fmt, out, layout)
     init = sc.initiator
     if sc.mode in ("all", "launch_all", "serve_all"):
         initiator = TruthInitiator(rank=None, all=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -12,6 +13,12 @@ from correlator.tooling.simulate.scenario import Scenario
 
 Format = Literal["plain", "fluentbit", "vector", "filebeat", "rsyslog"]
 FORMATS: tuple[Format, ...] = get_args(Format)
+# How plain logs are laid out: a file per host (`hosts`), the whole job in one file (`single`, as a Slurm
+# job's output), or torchrun's `--log-dir` tree per host (`logdir`: a file per worker process and attempt,
+# without the `[rankN]:` prefix, the agent's own lines and the kernel's beside it).
+Layout = Literal["hosts", "single", "logdir"]
+LAYOUTS: tuple[Layout, ...] = get_args(Layout)
+_RANK_PREFIX = re.compile(r"\[rank\d+\]: ?")
 _STREAM = "stderr"  # torchrun's workers and its agent write everything (logging, NCCL, glog, tracebacks) there
 
 
@@ -80,10 +87,27 @@ def _message(fmt: Format, sc: Scenario, line: LogLine, text: str, read_t: float,
     raise AssertionError(fmt)
 
 
-def write_logs(sc: Scenario, fmt: Format, root: Path) -> list[str]:
+def _plain_file(line: LogLine, layout: Layout, attempts: dict[tuple[int, int], int]) -> str:
+    """The file (relative to the job's folder) a plain line is written to, in `layout`."""
+    if layout == "single":
+        return "train.log"
+    if line.style == "kern":
+        return f"{line.host}/kern.log"
+    if layout == "hosts":
+        return f"{line.host}/train.log"
+    proc = line.proc
+    if proc is None or line.style.startswith("agent"):
+        return f"{line.host}/agent.log"  # torchrun's own output: its console, not a worker's file
+    # torchrun names a worker's folder by attempt and local rank; a restarted worker has a new pid.
+    attempt = attempts.setdefault((proc.rank, proc.pid), sum(1 for r, _ in attempts if r == proc.rank))
+    return f"{line.host}/attempt_{attempt}/{proc.local_rank}/stderr.log"
+
+
+def write_logs(sc: Scenario, fmt: Format, root: Path, layout: Layout = "hosts") -> list[str]:
     """Write the logs under root/<job id>/; returns their paths relative to root.
 
     The folder is named after the job so that `rootrank diagnose root/<job id>` names the job right.
+    `layout` (plain only): see LAYOUTS.
     """
     job_dir = sc.job_id
     out = root / job_dir
@@ -94,10 +118,14 @@ def write_logs(sc: Scenario, fmt: Format, root: Path) -> list[str]:
     files: list[str] = []
     if fmt == "plain":
         per_file: dict[str, list[str]] = {}
+        attempts: dict[tuple[int, int], int] = {}
         for _, line in ordered:
             # A folder per host names the host for every file in it (the kernel log has no rank prefixes).
-            name = f"{line.host}/kern.log" if line.style == "kern" else f"{line.host}/train.log"
-            per_file.setdefault(name, []).append(render_line(line, skew[line.host]))
+            name = _plain_file(line, layout, attempts)
+            text = render_line(line, skew[line.host])
+            if layout == "logdir" and line.style.startswith("rank"):
+                text = _RANK_PREFIX.sub("", text, count=1)  # torchrun's files hold the worker's output as written
+            per_file.setdefault(name, []).append(text)
         for name in sorted(per_file):
             (out / name).parent.mkdir(parents=True, exist_ok=True)
             (out / name).write_text("\n".join(per_file[name]) + "\n", encoding="utf-8")

@@ -190,6 +190,42 @@ def test_a_relaunch_no_launcher_line_records_is_a_new_attempt(engine: Engine, ex
     assert (primary.attempt, primary.class_, primary.initiator.rank) == (1, "cuda_oom", 5)
 
 
+
+def test_a_restarted_jobs_collateral_splits_by_each_hosts_own_restart_whatever_order_the_hosts_arrive_in(
+    engine: Engine, extractor: SignalExtractor
+) -> None:
+    """Host A's agent restarts its workers first; host B's agent still tears its own down (SIGTERM lines)
+    before it logs the restart. Each host is split at its own restart line, so B's SIGTERMs are attempt 0's
+    collateral whether A's lines reach the state before B's (a file read first offline, a partition read
+    first by the stream) or after. (Off: a collateral line is folded by the restarts known when it comes,
+    other hosts' included -> with A first, B's SIGTERMs join attempt 1's teardown.)"""
+    job = JobBuilder(world=8, hosts=2, skew_s=0.0, seed=5)
+    a, b = job.hosts
+    job.emit(1, 100.0, OOM.format(r=1, d=1))
+    job.emit(None, 110.0, "[2026-03-14 09:28:43,000] torch.distributed.elastic.agent.server.api: [WARNING] "
+                          "[default] Worker group FAILED. 3/3 attempts left; will restart worker group", host=a)
+    for pid in range(4):
+        job.emit(None, 112.0 + pid, f"W0314 09:28:45.000000 1234 torch/distributed/elastic/multiprocessing/api.py:897] "
+                                    f"Sending process {40004 + pid} closing signal SIGTERM", host=b)
+    for host in (a, b):
+        job.emit(None, 120.0, "  restart_count=1", host=host)
+    job.emit(6, 300.0, OOM.format(r=6, d=2))
+    for pid in range(4):
+        job.emit(None, 310.0 + pid, f"W0314 09:32:03.000000 1234 torch/distributed/elastic/multiprocessing/api.py:897] "
+                                    f"Sending process {41000 + pid} closing signal SIGTERM", host=a)
+
+    def collateral(events: list) -> list:
+        state = JobState(job_id="job-64")
+        for event in events:
+            state.add_all(extractor.from_events([event], order_base=event.offset))
+        return sorted((i.attempt, c.class_, c.count, tuple(c.hosts)) for i in engine.diagnose(state) for c in i.collateral)
+
+    on = {host: [e for e in job.events if e.host == host] for host in (a, b)}
+    a_first, b_first = collateral(on[a] + on[b]), collateral(on[b] + on[a])
+    assert a_first == b_first
+    assert (0, "launcher_teardown", 4, (b,)) in a_first
+
+
 # --- 3. recovery -----------------------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
 """Which host a shipped line gets (issue 31): the host the line names itself, else the shipper's (`--host`,
-`--host-from dir|stem`), else the shipping machine's name. Forwarders' own host metadata (Kubernetes,
+`--host-from dir|stem`), else for a file what its path says by convention (as `diagnose` reads it; the
+shipping machine is only the job's last fallback), for a wrapped command or stdin the shipping machine's name. Forwarders' own host metadata (Kubernetes,
 Filebeat's host.name) still wins over a line's prefix, as before."""
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ def test_the_shipper_names_each_files_host_by_its_rule(tmp_path: Path) -> None:
     by_stem = {0: Source(id=0, name=str(tmp_path / "node07.log"), file=str(tmp_path / "node07.log"))}
     assert [b["host"] for b in _batches(tmp_path / "b", by_stem, host_from="stem")] == ["node07"]
     machine = socket.gethostname()
-    assert {b["host"] for b in _batches(tmp_path / "c", sources)} == {machine}
+    # by default a file's lines get no host (their lines and path say it, as for diagnose): the machine that
+    # read them is only the shipper, the job's last fallback
+    assert {(b.get("host"), b.get("shipper")) for b in _batches(tmp_path / "c", sources)} == {(None, machine)}
     assert {b["host"] for b in _batches(tmp_path / "d", sources, host="given")} == {"given"}
 
 
