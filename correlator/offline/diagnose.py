@@ -120,8 +120,12 @@ def looks_binary(head: bytes) -> bool:
 
 
 def _looks_json_lines(head: bytes) -> bool:
+    """Forwarder output, one JSON object a line: `{"` or `{}` first, as the decoders tell a JSON object. A
+    dict a training script prints (`{'loss': 1.2, ...}`, HF Trainer's log) starts a plain log."""
     stripped = head.lstrip()
-    return (stripped.startswith(b"{") and b"}\n" in head[:65536]) or (stripped.startswith(b"{") and head.rstrip().endswith(b"}"))
+    if not stripped.startswith(b"{") or stripped[1:64].lstrip()[:1] not in (b'"', b"}"):
+        return False
+    return b"}\n" in head[:65536] or head.rstrip().endswith(b"}")
 
 
 class Diagnoser:
@@ -474,7 +478,8 @@ class _Prepend(io.RawIOBase):
     """A stream that yields `head` first, then the rest of `stream` (the head was read to sniff the format)."""
 
     def __init__(self, head: bytes, stream: BinaryReader) -> None:
-        self.head = head
+        self.head = memoryview(head)  # read from `at` on: a slice per read would copy the rest of the head
+        self.at = 0
         self.rest = stream
 
     def readable(self) -> bool:
@@ -482,10 +487,10 @@ class _Prepend(io.RawIOBase):
 
     def readinto(self, buffer: WriteableBuffer, /) -> int:
         b = memoryview(buffer).cast("B")
-        if self.head:
-            n = min(len(b), len(self.head))
-            b[:n] = self.head[:n]
-            self.head = self.head[n:]
+        if self.at < len(self.head):
+            n = min(len(b), len(self.head) - self.at)
+            b[:n] = self.head[self.at : self.at + n]
+            self.at += n
             return n
         data = self.rest.read(len(b))
         b[: len(data)] = data
