@@ -39,6 +39,12 @@ if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 CHUNK_BYTES = 16 * 1024 * 1024
+SNIFF_BYTES = 64 * 1024  # a plain file's first bytes, that tell binary data and forwarder JSON from a log
+# With several scan processes (`jobs`), a plain file from PARALLEL_BYTES on is mapped and cut into regions of
+# about size / (2 x jobs) (two regions a process, so one slower region does not leave a process idle), at
+# least MIN_REGION_BYTES and at most CHUNK_BYTES; with one, regions of CHUNK_BYTES from CHUNK_BYTES on.
+PARALLEL_BYTES = 8 * 1024 * 1024
+MIN_REGION_BYTES = 2 * 1024 * 1024
 CONTINUATION_LOOKBACK = 64
 _ORDER_STRIDE = 10**12  # orders of different files never interleave when no timestamps exist
 
@@ -140,6 +146,7 @@ class Diagnoser:
         self.extractor = SignalExtractor(self.ruleset, self.matcher)
         self.engine = Engine(self.ruleset)
         self.routine = RoutineAggregator(self.matcher, _identify_line)
+        self._pool: multiprocessing.pool.Pool | None = None  # the scan processes of one signals_from_paths call
 
     # --- reading ------------------------------------------------------------------------
 
@@ -150,6 +157,17 @@ class Diagnoser:
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None = None,
     ) -> list[Signal]:
+        try:
+            signals = self._signals_of_sources(paths, job_id, stats, progress)
+        finally:
+            if self._pool is not None:  # the scan processes serve every file of the call, then go
+                self._pool.terminate()
+                self._pool = None
+        stats.signals = len(signals)
+        return signals
+
+    def _signals_of_sources(self, paths: Sequence[str], job_id: str, stats: DiagnoseStats,
+                            progress: Callable[[int], None] | None) -> list[Signal]:
         signals: list[Signal] = []
         for file_index, source in enumerate(iter_sources(paths, stats)):
             try:
@@ -164,7 +182,6 @@ class Diagnoser:
             finally:
                 if stream is not sys.stdin.buffer:
                     stream.close()
-        stats.signals = len(signals)
         return signals
 
     def signals_from_stream(
@@ -176,7 +193,12 @@ class Diagnoser:
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
-        head = stream.read(CHUNK_BYTES)
+        # A plain file is sniffed from its first SNIFF_BYTES (it may be mapped, not read); other input from
+        # its first chunk. A file that starts like JSON with no line end in the sniff is told from its first
+        # chunk, as before there was a sniff.
+        head = stream.read(SNIFF_BYTES if source.path is not None else CHUNK_BYTES)
+        if len(head) == SNIFF_BYTES and source.path is not None and head.lstrip()[:1] == b"{" and b"}\n" not in head:
+            head += stream.read(CHUNK_BYTES - len(head))
         if looks_binary(head):
             stats.skipped.append(f"{source.name}: binary data, skipped")
             return []
@@ -184,7 +206,7 @@ class Diagnoser:
         path_hints = identity_from_path(source.name) if source.name != "<stdin>" else {}
         if _looks_json_lines(head):
             return self.signals_from_json_lines(source, stream, head, job_id, file_index, stats, progress)
-        if source.path is not None and len(head) == CHUNK_BYTES:
+        if source.path is not None and self._mapped_from() <= (source.size or 0):
             try:
                 mapped = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError, io.UnsupportedOperation):
@@ -192,6 +214,8 @@ class Diagnoser:
             if mapped is not None:
                 with mapped:
                     return self._signals_from_mapped(source, mapped, path_hints, job_id, file_index, stats, progress)
+        if source.path is not None and SNIFF_BYTES == len(head) < CHUNK_BYTES:
+            head += stream.read(CHUNK_BYTES - len(head))  # the first chunk, as for any other input
         out: list[Signal] = []
         routine: list[Signal] = []
         carry = b""
@@ -234,34 +258,39 @@ class Diagnoser:
     ) -> list[Signal]:
         """A plain file, mapped: its chunks are scanned in place (no copies), by `jobs` processes at
         once. Every offset is a file offset, so a traceback's owner is found across chunk edges."""
-        regions = _regions(mapped, CHUNK_BYTES)
+        regions = _regions(mapped, self.region_bytes(len(mapped)))
         tasks = [(str(source.path), lo, hi, source.name, path_hints, job_id, file_index) for lo, hi in regions]
         results: Iterator[tuple[list[Signal], int, RoutineAggregate]]
-        pool = None
         if self.jobs > 1 and len(regions) > 1:
-            self.matcher.combined_database()  # built (or read from disk) once, before the processes fork
-            pool = _fork_pool(self, min(self.jobs, len(regions)))
-        try:
-            if pool is not None:
-                results = pool.imap(_scan_region_task, tasks)
-            else:
-                results = (self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, file_index)
-                           for lo, hi in regions)
-            out: list[Signal] = []
-            routine = RoutineAggregate()
-            for (lo, hi), (signals, lines_hit, acc) in zip(regions, results, strict=True):
-                out.extend(signals)
-                routine.merge(acc)
-                stats.lines_hit += lines_hit + acc.lines
-                stats.bytes += hi - lo
-                if progress:
-                    progress(hi - lo)
-            # The whole file is mapped here: routine winners of every region are read from it once.
-            out.extend(self._routine_signals(mapped, len(mapped), routine, 0, source.name, path_hints, job_id, file_index))
-            return out
-        finally:
-            if pool is not None:
-                pool.terminate()
+            if self._pool is None:
+                self.matcher.combined_database()  # built (or read from disk) once, before the processes fork
+                self._pool = _fork_pool(self, self.jobs)
+            results = self._pool.imap(_scan_region_task, tasks)
+        else:
+            results = (self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, file_index)
+                       for lo, hi in regions)
+        out: list[Signal] = []
+        routine = RoutineAggregate()
+        for (lo, hi), (signals, lines_hit, acc) in zip(regions, results, strict=True):
+            out.extend(signals)
+            routine.merge(acc)
+            stats.lines_hit += lines_hit + acc.lines
+            stats.bytes += hi - lo
+            if progress:
+                progress(hi - lo)
+        # The whole file is mapped here: routine winners of every region are read from it once.
+        out.extend(self._routine_signals(mapped, len(mapped), routine, 0, source.name, path_hints, job_id, file_index))
+        return out
+
+    def _mapped_from(self) -> int:
+        """The size from which a plain file is mapped and scanned in regions (see PARALLEL_BYTES)."""
+        return min(CHUNK_BYTES, PARALLEL_BYTES) if self.jobs > 1 else CHUNK_BYTES
+
+    def region_bytes(self, size: int) -> int:
+        """The size of the regions a mapped file of `size` bytes is scanned in (see PARALLEL_BYTES)."""
+        if self.jobs <= 1:
+            return CHUNK_BYTES
+        return min(CHUNK_BYTES, max(MIN_REGION_BYTES, -(-size // (2 * self.jobs))))
 
     def _scan_region(
         self,

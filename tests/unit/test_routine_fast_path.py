@@ -4,6 +4,7 @@
   its first byte cannot start an identity, or its shape (digits made 0) is known to name nobody.
 - A file of a training script's printed dicts (`{'loss': ...}`, HF Trainer's log) is a plain log, not
   forwarder JSON.
+- With several scan processes a file from 8 MiB on is cut into regions for them.
 
 Each test says what breaks it when its mechanism is switched off or wrong.
 """
@@ -16,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.families import GENERATORS
+from correlator.diagnosis.models import Signal
 from correlator.offline import diagnose
-from correlator.offline.diagnose import Diagnoser
+from correlator.offline.diagnose import Diagnoser, _regions
 from correlator.offline.routine import NO_IDENTITY
+from correlator.tooling.simulate import log_paths, simulate
 
 # Lines with no rank prefix in front, whose identity the parser finds or not; digits move in each (the
 # shape cache must not give one line's answer to another that names somebody).
@@ -134,3 +137,48 @@ def test_a_file_of_printed_dicts_is_a_plain_log(diagnoser: Diagnoser, tmp_path: 
     forwarder = tmp_path / "forwarder.jsonl"
     forwarder.write_text('{"log": "hello", "stream": "stderr"}\n{"log": "world"}\n', encoding="utf-8")
     assert diagnose._looks_json_lines(forwarder.read_bytes())
+
+
+def test_scan_processes_cut_a_file_of_16_to_64_mb_into_regions() -> None:
+    """Switched off (regions of 16 MiB whatever the processes), a 16 MB file is one region: one process scans it."""
+    two, one = Diagnoser(jobs=2), Diagnoser(jobs=1)
+    mib = 1024 * 1024
+    assert [two.region_bytes(n * mib) for n in (8, 16, 32, 64, 300)] == [2 * mib, 4 * mib, 8 * mib, 16 * mib, 16 * mib]
+    assert one.region_bytes(16 * mib) == 16 * mib
+    assert two._mapped_from() == 8 * mib and one._mapped_from() == 16 * mib
+    data = b"".join(b"x" * 99 + b"\n" for _ in range(16 * mib // 100))
+    assert len(_regions(data, two.region_bytes(len(data)))) == 4
+
+
+def _routine(signals: list[Signal]) -> list[tuple[object, ...]]:
+    return sorted((s.rule_id, s.rank, s.host, s.pid, s.line, str(sorted(s.fields.items())))
+                  for s in signals if "metric" in s.fields or s.fields.get("marker") == "end")
+
+
+@pytest.mark.parametrize("cls", ["sdc_grad_norm_spike", "loss_nan", "straggler_hang"])
+def test_metric_findings_are_the_same_with_one_process_two_and_any_regions(
+    cls: str, diagnoser: Diagnoser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grad-norm spike on one rank, a non-finite loss and a hang after the last progress of every rank:
+    the same incidents and the same routine signals (each process's latest progress line, its largest and
+    smallest metric value) whether one process scans the files or two scan regions of any size."""
+    truth = simulate(cls, world_size=32, hosts=4, seed=5, noise_lines=300, skew_max_s=2.0, out=tmp_path)
+    paths = log_paths(tmp_path, truth)
+    sizes = [Path(p).stat().st_size for p in paths]
+    diagnoser.jobs = 1
+    try:
+        incidents, signals = diagnoser.diagnose(paths, truth.job_id)
+        assert incidents and incidents[0].class_ == cls
+        expected = ([i.incident_id for i in incidents], _routine(signals))
+        monkeypatch.setattr(diagnose, "PARALLEL_BYTES", min(sizes) // 2)  # every file is mapped and split
+        for region in (min(sizes) // 7, min(sizes) // 3, 64 * 1024):
+            monkeypatch.setattr(diagnose, "CHUNK_BYTES", region)
+            monkeypatch.setattr(diagnose, "MIN_REGION_BYTES", region // 2)
+            for jobs in (1, 2):
+                diagnoser.jobs = jobs
+                got, got_signals = diagnoser.diagnose(paths, truth.job_id)
+                assert ([i.incident_id for i in got], _routine(got_signals)) == expected, (region, jobs)
+        diagnoser.jobs = 2
+        assert len(_regions(Path(paths[0]).read_bytes(), diagnoser.region_bytes(sizes[0]))) > 1
+    finally:
+        diagnoser.jobs = 1
