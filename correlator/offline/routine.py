@@ -21,21 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import compress, repeat
-from operator import add, itemgetter, sub
+from operator import add, sub
 
-from correlator.diagnosis.matcher import Buffer, Hit, Matcher
+from correlator.diagnosis.matcher import Buffer, Hit, Matcher, trailing_numbers
 from correlator.diagnosis.routine_fold import Peak, fold_peaks
 from ingest.prefixes import Identity
 
 METRIC_KEEP = 16
 _VALUE_WINDOW = 96  # bytes before a metric match's end searched for its value (name, separators, number)
 _KEY = 16  # a line's first bytes that key its process (a rank prefix `[rank12345]:` fits)
-# A metric pattern that ends with its value as a plain number, then one byte that cannot continue it or
-# the line's end: the value is the last run of number bytes before the match's end.
-_TRAILING_NUMBER = r"[0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)(?:[^0-9.e]|$)"
-# Every byte that cannot be part of such a number becomes a space, so the value is the last word.
-_NUMBER_WORDS = bytes(c if c in b"0123456789.eE+-" else 0x20 for c in range(256))
-_NUMBER_WINDOW = 64  # bytes before a match's end that hold its value; a longer "number" is read one by one
 
 ProcessKey = object  # bytes (a rank-naming prefix) or a tuple (rank, host, pid, local_rank)
 NO_IDENTITY: ProcessKey = (None, None, None, None)  # a line whose prefixes name no rank, host, pid or local rank
@@ -75,9 +69,6 @@ class RoutineAggregator:
         self.matcher = matcher
         self.identify = identify
         self._prefixes: dict[bytes, bytes | None] = {}  # a line's first bytes -> the rank prefix they start with
-        # per metric routine id - base: whether its value is the number its match ends with
-        self._trailing = [regex is not None and regex.pattern.endswith(f"(?P<{name}>{_TRAILING_NUMBER}".encode())
-                          for regex, name in matcher.routine_value]
         self._named: dict[str, bool] = {}  # a prefix -> whether it is whole prefixes naming a rank
         self._anonymous: dict[bytes, bool] = {}  # a line's shape -> whether its lines name nobody
 
@@ -190,24 +181,10 @@ class RoutineAggregator:
         then one fold (`fold_peaks`) that keeps each process's largest and smallest value."""
         # A metric match may end on its line's newline: look for the line's start before that.
         starts, keys = self._keys(buf, lo, hi, list(map(sub, ends, repeat(1))))
-        values = self._trailing_numbers(buf, starts, ends) if self._trailing[r] else None
+        values = trailing_numbers(buf, ends, starts) if self.matcher.routine_trailing[r] else None
         if values is None:
             values = self._values(buf, hi, r, starts, ends)
         fold_peaks(acc.metric, list(zip(repeat(r), keys)), values, starts)
-
-    @staticmethod
-    def _trailing_numbers(buf: Buffer, starts: list[int], ends: list[int]) -> list[float] | None:
-        """The number each match ends with, read in bulk (see `_TRAILING_NUMBER`); None when one of them is
-        not a plain number or too long for the window (a terminator that is a sign, say): the caller then
-        reads them one by one with the rule's regex."""
-        windows = map(buf.__getitem__, map(slice, map(max, starts, map(sub, ends, repeat(_NUMBER_WINDOW))), ends))
-        try:
-            numbers = list(map(itemgetter(-1), map(bytes.split, map(bytes.translate, windows, repeat(_NUMBER_WORDS)))))
-            if max(map(len, numbers), default=0) >= _NUMBER_WINDOW - 8:
-                return None
-            return list(map(float, numbers))
-        except (IndexError, ValueError):
-            return None
 
     def _values(self, buf: Buffer, hi: int, r: int, starts: list[int], ends: list[int]) -> list[float]:
         """Metric values one by one: the rule's value regex over the bytes before each match's end."""

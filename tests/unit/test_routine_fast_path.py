@@ -182,3 +182,76 @@ def test_metric_findings_are_the_same_with_one_process_two_and_any_regions(
         assert len(_regions(Path(paths[0]).read_bytes(), diagnoser.region_bytes(sizes[0]))) > 1
     finally:
         diagnoser.jobs = 1
+
+
+def _stream_lines(rng: random.Random, n: int, odd: bool) -> list[str]:
+    """Metric lines in every shape the bulk fold must hand back or read: plain ones, a failure line with a
+    grad norm (another rule hit it), two metric patterns on one line, one pattern twice, and with `odd` a
+    value the bulk reader leaves to the regex."""
+    out: list[str] = []
+    for i in range(n):
+        g = rng.random() * 3
+        roll = rng.random()
+        if roll < 0.05:
+            out.append(f"step {i} grad_norm: {g:.3f} then grad_norm: {g * 5:.3f}")
+        elif roll < 0.4:
+            out.append(f"{{'loss': {g:.4f}, 'grad_norm': {g!r}, 'learning_rate': 2e-05, 'epoch': {i / 1000:.2f}}}")
+        elif roll < 0.5:
+            out.append(f" iteration {i:>8}/  500000 | lm loss: 2.3E+00 | params norm: {100 + g:.3f} | grad norm: {g:.3f} |")
+        elif roll < 0.55:
+            out.append(f"step {i} grad_norm: {g:.2f} gnorm {g * 2:.2f} grad_norm={g * 3:.2f}")
+        elif roll < 0.57 and odd:
+            out.append(f"step {i} grad_norm=4.5-{i}")  # a sign after the value: read by the regex
+        elif roll < 0.6:
+            out.append(f"RuntimeError: CUDA error: an illegal memory access was encountered grad_norm: {g:.2f}")
+        elif roll < 0.63:
+            out.append(f"step {i} grad_norm: {10 ** rng.randrange(1, 40):.1f} loss {g:.2f}")
+        elif roll < 0.66:
+            out.append("{'loss': nan, 'grad_norm': nan, 'learning_rate': 2e-05}")
+        else:
+            out.append(f"gpu-node-1:{4000 + i % 5}:{4000 + i % 5} [0] NCCL INFO AllReduce: opCount {i:x} count 1024")
+    return out
+
+
+@pytest.mark.parametrize("framing", ["ship", "one-line"])
+def test_the_match_stage_folds_metric_hits_in_bulk_as_line_by_line(framing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switched off (every metric hit back to the line-by-line fold), the signals are the same; broken (a
+    hard line, a line of two patterns or a second hit of a pattern folded in bulk), they are not."""
+    import orjson
+
+    from correlator.diagnosis.rules import load_ruleset
+    from correlator.diagnosis.signals import SignalExtractor
+    from correlator.stream.agents.match import MatchProcessor, RawMessage
+    from ingest.ship.wire_format import encode_batch
+
+    rng = random.Random(framing)
+    batches: list[list[bytes]] = []
+    for batch in range(4):  # the first batch has odd values: its pattern's hits all go line by line
+        values: list[bytes] = []
+        for message in range(10):
+            lines = _stream_lines(rng, rng.choice([3, 40, 400]), odd=batch == 0)  # 3 lines: no run of their own
+            if framing == "ship":
+                values.append(encode_batch([(None, None, line) for line in lines], job_id="j", host=f"h{message % 3}",
+                                           rank=message % 4, file="train.log", offset=(batch * 10 + message) * 1000))
+            else:
+                values.extend(orjson.dumps({"log": line + "\n", "stream": "stderr", "hostname": f"h{k % 3}",
+                                            "job_id": "j"}) for k, line in enumerate(lines))
+        batches.append(values)
+    processor = MatchProcessor(SignalExtractor(load_ruleset()))
+
+    def run() -> list[tuple[object, ...]]:
+        rows = []
+        for values in batches:
+            out = processor.process_values(values, lambda i, v=values: RawMessage(v[i], "t", 0, i, 1.0))
+            rows.extend((s.rule_id, s.rank, s.host, s.order, s.line, str(sorted(s.fields.items()))) for s in out.signals)
+        return sorted(rows)
+
+    fast = run()
+    assert any("metric" in row[5] for row in fast)
+
+    def line_by_line(_self: SignalExtractor, _buf: bytes, metric_raw: dict[int, list[int]],
+                     *_args: object) -> list[tuple[int, int]]:
+        return sorted((to, rid) for rid, ends in metric_raw.items() for to in ends)
+
+    monkeypatch.setattr(SignalExtractor, "_metric_hits_in_bulk", line_by_line)
+    assert run() == fast
