@@ -121,11 +121,16 @@ class RoutineAggregator:
             keys[first] = b"\n" + bytes(buf[0:_KEY])
             first += 1
         prefix = self._rank_prefix
-        # Only a key whose line starts with `[` can be a rank prefix; the others are not asked one by one
-        # (a line with no launcher prefix has a key of its own: its first bytes are its message's).
-        bracketed = list(map(bytes.startswith, keys, repeat(b"\n[")))  # type: ignore[arg-type]  # every key is bytes here
-        unnamed = [] if all(bracketed) else list(compress(range(len(keys)), map(operator.not_, bracketed)))
-        bad = {key for key in set(compress(keys, bracketed)) if prefix(key) is None}  # type: ignore[arg-type]  # bytes
+        distinct = set(keys)
+        if len(distinct) <= len(keys) // 2:  # prefixed lines: a rank's lines share a few keys, each asked once
+            unnamed: list[int] = []
+            bad = {key for key in distinct if prefix(key) is None}  # type: ignore[arg-type]  # every key is bytes here
+        else:
+            # Many keys of their own (lines with no launcher prefix: their first bytes are their message's):
+            # only a key whose line starts with `[` can be a rank prefix, the others are not asked one by one.
+            bracketed = list(map(bytes.startswith, keys, repeat(b"\n[")))  # type: ignore[arg-type]  # bytes, as above
+            unnamed = list(compress(range(len(keys)), map(operator.not_, bracketed)))
+            bad = {key for key in set(compress(keys, bracketed)) if prefix(key) is None}  # type: ignore[arg-type]  # bytes
         if bad:
             unnamed.extend(compress(range(len(keys)), map(bad.__contains__, keys)))
             unnamed.sort()
