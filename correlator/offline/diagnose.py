@@ -256,28 +256,38 @@ class Diagnoser:
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
-        """A plain file, mapped: its chunks are scanned in place (no copies), by `jobs` processes at
-        once. Every offset is a file offset, so a traceback's owner is found across chunk edges."""
+        """A plain file, mapped: its regions are scanned in place (no copies), by `jobs` processes at once:
+        this one and `jobs - 1` forked ones, this one taking every `jobs`-th region while they scan the others.
+        Every offset is a file offset, so a traceback's owner is found across region edges."""
         regions = _regions(mapped, self.region_bytes(len(mapped)))
         tasks = [(str(source.path), lo, hi, source.name, path_hints, job_id, file_index) for lo, hi in regions]
-        results: Iterator[tuple[list[Signal], int, RoutineAggregate]]
-        if self.jobs > 1 and len(regions) > 1:
+        results: list[tuple[list[Signal], int, RoutineAggregate] | None] = [None] * len(regions)
+        theirs = [i for i in range(len(regions)) if i % self.jobs] if len(regions) > 1 else []
+        pending = None
+        if theirs:
             if self._pool is None:
                 self.matcher.combined_database()  # built (or read from disk) once, before the processes fork
-                self._pool = _fork_pool(self, self.jobs)
-            results = self._pool.imap(_scan_region_task, tasks)
-        else:
-            results = (self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, file_index)
-                       for lo, hi in regions)
+                self._pool = _fork_pool(self, self.jobs - 1)
+            pending = self._pool.map_async(_scan_region_task, [tasks[i] for i in theirs], chunksize=1)
+        for i in range(0, len(regions), self.jobs if theirs else 1):
+            lo, hi = regions[i]
+            results[i] = self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, file_index)
+            if progress:
+                progress(hi - lo)
+        if pending is not None:
+            for i, scanned in zip(theirs, pending.get(), strict=True):
+                results[i] = scanned
+                if progress:
+                    progress(regions[i][1] - regions[i][0])
         out: list[Signal] = []
         routine = RoutineAggregate()
-        for (lo, hi), (signals, lines_hit, acc) in zip(regions, results, strict=True):
+        for (lo, hi), result in zip(regions, results, strict=True):
+            assert result is not None  # every region was scanned above
+            signals, lines_hit, acc = result
             out.extend(signals)
             routine.merge(acc)
             stats.lines_hit += lines_hit + acc.lines
             stats.bytes += hi - lo
-            if progress:
-                progress(hi - lo)
         # The whole file is mapped here: routine winners of every region are read from it once.
         out.extend(self._routine_signals(mapped, len(mapped), routine, 0, source.name, path_hints, job_id, file_index))
         return out
