@@ -6,6 +6,8 @@
   4. state        1,000 jobs x 64 ranks: RSS, and correlation cost vs lines (bench_state)
   5. offline      `rootrank diagnose` MB/s vs grep and ripgrep on the same file (bench_matcher, same run as 1)
   6. stream       500,000 one-line Fluent Bit messages: one worker vs a raw aiokafka getmany loop (bench_stream_rate)
+  7. families     diagnose and the match stage on one line family at a time (HF Trainer, Megatron, DeepSpeed, progress
+                  bars, NCCL INFO, torchelastic, Python logging) vs the mixed log and a 3-phrase grep (bench_families)
 
 Each benchmark runs in a process of its own, so one's memory (the 1 GB log, a fork pool) never shows
 in another's figures (the state benchmark measures RSS). The machine is shared and noisy: compare
@@ -57,6 +59,12 @@ def _stream(quick: bool) -> Any:
     return bench_stream_rate.main(["--quick"] if quick else [])
 
 
+def _families(quick: bool) -> Any:
+    from benchmarks import bench_families
+
+    return bench_families.main(["--size-mb", "1", "--rounds", "1"] if quick else [])
+
+
 # name -> runner; "offline" (5) is printed by the matcher benchmark, which times diagnose on the same file.
 BENCHMARKS: dict[str, Callable[[bool], Any]] = {
     "matcher": _matcher,
@@ -64,6 +72,7 @@ BENCHMARKS: dict[str, Callable[[bool], Any]] = {
     "latency": _latency,
     "state": _state,
     "stream": _stream,
+    "families": _families,
 }
 
 

@@ -34,6 +34,13 @@ MatchHandler = Callable[[int, int, int, int, object], bool | None]
 RunDatabases = tuple[hyperscan.Database | None, dict[int, tuple[hyperscan.Database, hyperscan.Database]]]
 
 FREQUENT_CAP = 1024
+# A metric pattern that ends with its value as a plain number, then one byte that cannot continue it or the
+# line's end (every metric rule's shape): the value is the last run of number bytes before the match's end,
+# read in bulk (`trailing_numbers`), not by the rule's regex line by line.
+TRAILING_NUMBER = r"[0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)(?:[^0-9.e]|$)"
+# Every byte that cannot be part of such a number becomes a space, so the value is the last word.
+_NUMBER_WORDS = bytes(c if c in b"0123456789.eE+-" else 0x20 for c in range(256))
+NUMBER_WINDOW = 64  # bytes before a match's end that hold its value; a longer "number" is read by the regex
 # From this size on, scan_split scans a buffer once with both databases' expressions in one database:
 # about 12% less than the two scans on a training log; below it, the two databases already loaded do.
 COMBINED_SCAN_BYTES = 1 << 20
@@ -112,6 +119,7 @@ class Matcher:
         self.routine_expand: list[tuple[int, ...]] = []  # routine id - base -> the expr ids it stands for
         self.routine_metric: list[bool] = []  # routine id - base -> a metric pattern (else progress)
         self.routine_value: list[tuple[re.Pattern[bytes] | None, str]] = []  # metric: value regex, field
+        self.routine_trailing: list[bool] = []  # metric: its value is the number its match ends with
         routine: list[tuple[int, bytes, int]] = []
         self.routine_metrics = len(metric)  # routine ids base .. base + routine_metrics - 1: metric patterns
         for expr_id, pattern, caseless in metric:
@@ -121,7 +129,10 @@ class Matcher:
                             pattern_flags(caseless)))
             self.routine_expand.append((expr_id,))
             self.routine_metric.append(True)
-            self.routine_value.append((_value_regex(pattern, rule.metric.field, caseless), rule.metric.field))
+            value_regex = _value_regex(pattern, rule.metric.field, caseless)
+            self.routine_value.append((value_regex, rule.metric.field))
+            self.routine_trailing.append(value_regex is not None and value_regex.pattern.endswith(
+                f"(?P<{rule.metric.field}>{TRAILING_NUMBER}".encode()))
         by_members: dict[tuple[tuple[int, ...], bool], list[str]] = {}
         for (pattern, caseless), members in progress.items():
             by_members.setdefault((tuple(members), caseless), []).append(pattern)
@@ -137,6 +148,7 @@ class Matcher:
             self.routine_expand.append(member_ids)
             self.routine_metric.append(False)
             self.routine_value.append((None, ""))
+            self.routine_trailing.append(False)
         self.routine_db = self._load_or_compile(routine, use_cache) if routine else None
         self.routine_expressions = routine
         # For scan_routine's runs, built on first use: the metric patterns alone, and per progress id a
@@ -266,44 +278,69 @@ class Matcher:
         lines of one stream, of which the extractor keeps the latest progress line only, and a training
         log is mostly step lines: a run's progress costs a scan of its tail and a presence check, not a
         callback per line. Outside the runs every match is reported."""
-        if self.routine_db is None:
-            return []
-        if not runs:
-            return self.scan_split(buf, main=False)[1]
-        metric_db, progress_dbs = self._databases_for_runs()
+        metric, progress = self.scan_routine_apart(buf, runs)
+        progress.extend((to, rid) for rid, ends in metric.items() for to in ends)
+        progress.sort()
+        return progress
+
+    def scan_routine_apart(self, buf: bytes, runs: Sequence[tuple[int, int]]) -> tuple[dict[int, list[int]],
+                                                                                       list[tuple[int, int]]]:
+        """What `scan_routine` gives, the metric ids' matches apart: their end offsets per routine id, in buffer
+        order (a metric line costs an offset appended, not a tuple); the progress ids' as (end offset, id),
+        sorted."""
+        metric: dict[int, list[int]] = {}
         out: list[tuple[int, int]] = []
+        if self.routine_db is None:
+            return metric, out
+        found: list[list[int]] = [[] for _ in range(self.routine_metrics)]
+        appenders = [ends.append for ends in found]
+        base, metrics = self.routine_base, self.routine_metrics
         add = out.append
 
-        def from_offset(base: int) -> MatchHandler:
+        def from_offset(offset: int) -> MatchHandler:
             def on_match(expr_id: int, _from: int, to: int, _flags: int, _context: object) -> None:
-                add((base + to, expr_id))
+                add((offset + to, expr_id))
 
             return on_match
 
+        def on_metric(expr_id: int, _from: int, to: int, _flags: int, _context: object) -> None:
+            appenders[expr_id - base](to)
+
         view = memoryview(buf)
         try:
-            if metric_db is not None:
-                _scan(metric_db, view, from_offset(0), self._scratch_for(metric_db))
-            gaps: list[tuple[int, int]] = []
-            at = 0
-            for lo, hi in runs:
-                if lo > at:
-                    gaps.append((at, lo))
-                at = hi
-            if at < len(buf):
-                gaps.append((at, len(buf)))
-            for db, _first in progress_dbs.values():
-                for lo, hi in gaps:
-                    _scan(db, view[lo:hi], from_offset(lo), self._scratch_for(db))
-            for rid, (db, first) in progress_dbs.items():
+            if not runs:
+                def on_any(expr_id: int, _from: int, to: int, _flags: int, _context: object) -> None:
+                    if expr_id - base < metrics:
+                        appenders[expr_id - base](to)
+                    else:
+                        add((to, expr_id))
+
+                assert self.routine_db is not None
+                _scan(self.routine_db, view, on_any, self._scratch_for(self.routine_db))
+            else:
+                metric_db, progress_dbs = self._databases_for_runs()
+                if metric_db is not None:
+                    _scan(metric_db, view, on_metric, self._scratch_for(metric_db))
+                gaps: list[tuple[int, int]] = []
+                at = 0
                 for lo, hi in runs:
-                    last = self._last_match(view, buf, lo, hi, db, first)
-                    if last is not None:
-                        add((last, rid))
+                    if lo > at:
+                        gaps.append((at, lo))
+                    at = hi
+                if at < len(buf):
+                    gaps.append((at, len(buf)))
+                for db, _first in progress_dbs.values():
+                    for lo, hi in gaps:
+                        _scan(db, view[lo:hi], from_offset(lo), self._scratch_for(db))
+                for rid, (db, first) in progress_dbs.items():
+                    for lo, hi in runs:
+                        last = self._last_match(view, buf, lo, hi, db, first)
+                        if last is not None:
+                            add((last, rid))
         finally:
             view.release()
         out.sort()
-        return out
+        return {base + r: ends for r, ends in enumerate(found) if ends}, out
 
     def _last_match(self, view: memoryview, buf: bytes, lo: int, hi: int,
                     db: hyperscan.Database, first: hyperscan.Database) -> int | None:
@@ -467,6 +504,24 @@ class Matcher:
         return any(
             h.rule_index == rule_index and h.role == "main" for h in self.scan_buffer(text.encode("utf-8"))
         )
+
+
+def trailing_numbers(buf: Buffer, ends: Sequence[int], starts: Sequence[int] | None = None) -> list[float] | None:
+    """The number each metric match (ending at `ends`) ends with, read in bulk with C-level maps (see
+    TRAILING_NUMBER); `starts`, when given, bound each window (its line's start). None when one of them is not
+    a plain number or too long for the window (a terminator that is a sign, say): the caller then reads them
+    one by one with the rule's regex."""
+    lows = map(operator.sub, ends, repeat(NUMBER_WINDOW))
+    windows = map(buf.__getitem__, map(slice, map(max, starts, lows) if starts is not None else map(max, lows, repeat(0)),
+                                         ends))
+    try:
+        numbers = list(map(operator.itemgetter(-1), map(bytes.rsplit, map(bytes.translate, windows, repeat(_NUMBER_WORDS)),
+                                                         repeat(None), repeat(1))))
+        if max(map(len, numbers), default=0) >= NUMBER_WINDOW - 8:
+            return None
+        return list(map(float, numbers))
+    except (IndexError, ValueError):
+        return None
 
 
 def _value_regex(pattern: str, field: str, caseless: bool) -> re.Pattern[bytes] | None:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+import operator
 import re
+from bisect import bisect_left
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from itertools import pairwise
+from functools import partial
+from itertools import accumulate, combinations, compress, pairwise, repeat
+from operator import sub
 
-from correlator.diagnosis.matcher import FREQUENT_CAP, ExprRole, Hit, Matcher
+from correlator.diagnosis.matcher import FREQUENT_CAP, ExprRole, Hit, Matcher, trailing_numbers
 from correlator.diagnosis.models import MAX_EVIDENCE_LINE, Signal
 from correlator.diagnosis.routine_fold import Peak, fold_peaks
 from correlator.diagnosis.rules import GENERIC_CLASSES, HINT_TAG, Rule, RuleSet
@@ -91,6 +95,13 @@ def _encode_lines(texts: Sequence[str], runs: Sequence[tuple[int, int]],
         return None
     buf = parts[0] if len(parts) == 1 else b"\n".join(parts)
     return buf, [(at[lo], min(at[hi], len(buf))) for lo, hi in runs]
+
+
+def _line_numbers(buf: bytes, newlines: list[int]) -> list[int]:
+    """The line number of each line given by the offset of the newline before it (-1 for the first line;
+    ascending), with the newlines counted once over the buffer."""
+    cuts = list(map(operator.add, newlines, repeat(1)))
+    return list(accumulate(map(buf.count, repeat(b"\n"), [0, *cuts[:-1]], cuts)))
 
 
 class SignalExtractor:
@@ -257,10 +268,19 @@ class SignalExtractor:
         else:
             buf, byte_runs = encoded
             main_raw, _ = self.matcher.scan_split(buf, routine=False)
-            routine_raw = self.matcher.scan_routine(buf, byte_runs if process_of is None else [])
+            # a run's lines share one stream but not one process: per-process folding reads them line by line
+            by_runs = process_of is None
+            metric_raw, routine_raw = self.matcher.scan_routine_apart(buf, byte_runs if by_runs else [])
             indexed = self.matcher.scan_joined(buf, raw=main_raw)
-            indexed.extend(self._routine_lines(buf, routine_raw, {i for i, _ in indexed}, texts, stream_of, routine,
-                                               runs if process_of is None else (), capped=capped))
+            hard = {i for i, _ in indexed}
+            if metric_raw:  # most of a training log's routine hits: folded in bulk first
+                metric_left = self._metric_hits_in_bulk(buf, metric_raw, {hit.start - 1 for _, hit in indexed},
+                                                        stream_of, runs if by_runs else (),
+                                                        byte_runs if by_runs else [], routine)
+                if metric_left:
+                    routine_raw = sorted([*routine_raw, *metric_left])
+            indexed.extend(self._routine_lines(buf, routine_raw, hard, texts, stream_of, routine,
+                                               runs if by_runs else (), capped=capped))
             indexed.sort(key=lambda pair: (pair[0], pair[1].rule_index))
         framed: dict[int, tuple[LogEvent, str, bool]] = {}
 
@@ -392,6 +412,93 @@ class SignalExtractor:
             fold(line, members)
         fold_peaks(routine, keys, values, lines)
         return passed
+
+    def _metric_hits_in_bulk(self, buf: bytes, metric_raw: Mapping[int, list[int]], hard: set[int],
+                             stream_of: Callable[[int], Hashable], runs: Sequence[tuple[int, int]],
+                             byte_runs: Sequence[tuple[int, int]],
+                             routine: dict[tuple[int, ExprRole, Hashable], Peak]) -> list[tuple[int, int]]:
+        """Fold the metric hits (`Matcher.scan_routine_apart`: end offsets per routine id) that need no per-line
+        judgement into `routine` with C-level maps, as `_routine_lines` would, and return the others as (end
+        offset, routine id) for it. Folded here: hits of a metric pattern whose value is the number its match
+        ends with (`trailing_numbers`), on lines no other rule and no other metric pattern hit (one metric a
+        line: `best_hits_per_line` chooses between rules), the first of its pattern on its line (the rule's
+        regex reads the first). The value of each is the one the rule's regex reads
+        (`test_metric_values_read_in_bulk_equal_the_rules_value_regex`); a value of any other shape sends its
+        pattern's hits to `_routine_lines`. A line is known here by the offset of the newline before it
+        (-1 for the first); `hard` holds those of the lines other rules hit; `byte_runs` are `runs` in bytes."""
+        matcher = self.matcher
+        base = matcher.routine_base
+        left: list[tuple[int, int]] = []
+        ends_of: dict[int, list[int]] = {}
+        lines_of: dict[int, list[int]] = {}
+        before = partial(buf.rfind, b"\n", 0)
+        for rid, reported in metric_raw.items():
+            ends = sorted(reported)
+            # A match may end on its line's newline: the line's is the newline before its last byte.
+            lines = list(map(before, map(sub, ends, repeat(1))))
+            if hard:
+                on_hard = list(map(hard.__contains__, lines))
+                if any(on_hard):
+                    left.extend(zip(compress(ends, on_hard), repeat(rid)))
+                    soft = list(map(operator.not_, on_hard))
+                    ends, lines = list(compress(ends, soft)), list(compress(lines, soft))
+            ends_of[rid], lines_of[rid] = ends, lines
+        if len(ends_of) > 1:  # a line two metric patterns hit is judged line by line
+            shared = {line for a, b in combinations([set(lines) for lines in lines_of.values()], 2) for line in a & b}
+            if shared:
+                for rid, lines in lines_of.items():
+                    mine = list(map(shared.__contains__, lines))
+                    left.extend(zip(compress(ends_of[rid], mine), repeat(rid)))
+                    other = list(map(operator.not_, mine))
+                    ends_of[rid], lines_of[rid] = list(compress(ends_of[rid], other)), list(compress(lines, other))
+        main: ExprRole = "main"
+        keys: list[tuple[int, ExprRole, Hashable]] = []
+        highs: list[float] = []
+        ats: list[int] = []  # line numbers
+        lows: list[float] = []
+        for rid, kept in ends_of.items():
+            ends, lines = kept, lines_of[rid]
+            if not matcher.routine_trailing[rid - base]:
+                left.extend(zip(ends, repeat(rid)))
+                continue
+            if len(set(lines)) < len(lines):  # the first hit of the pattern on each line; the rest read nothing new
+                first = dict(zip(reversed(lines), reversed(ends), strict=True))
+                ends, lines = sorted(first.values()), sorted(first)
+            found = trailing_numbers(buf, ends)
+            if found is None:
+                left.extend(zip(ends, repeat(rid)))
+                continue
+            rule_index = matcher.exprs[matcher.routine_expand[rid - base][0]].rule_index
+            winners: list[tuple[int, float, int, float]] = []  # a run's: (its first line, high, where, low)
+            outside: list[int] = []
+            at = 0
+            for (line_lo, _), (lo, hi) in zip(runs, byte_runs, strict=True):  # a run's values, at C speed
+                a = bisect_left(lines, lo - 1, at)
+                b = bisect_left(lines, hi - 1, a)
+                outside.extend(range(at, a))
+                if b > a:
+                    some = found[a:b]
+                    high = max(some)
+                    winners.append((line_lo, high, lines[a + some.index(high)], min(some)))
+                at = b
+            outside.extend(range(at, len(lines)))
+            # A line is its newline offset here; the fold keeps line numbers: newlines counted in one pass.
+            if winners:
+                numbers = _line_numbers(buf, [where for _, _, where, _ in winners])
+                keys.extend((rule_index, main, stream_of(line_lo)) for line_lo, _, _, _ in winners)
+                highs.extend(high for _, high, _, _ in winners)
+                ats.extend(numbers)
+                lows.extend(low for _, _, _, low in winners)
+            if outside:  # lines in no run: their streams asked one by one
+                if len(outside) < len(lines):
+                    found, lines = list(map(found.__getitem__, outside)), list(map(lines.__getitem__, outside))
+                numbers = _line_numbers(buf, lines)
+                keys.extend(zip(repeat(rule_index), repeat(main), map(stream_of, numbers)))
+                highs.extend(found)
+                ats.extend(numbers)
+                lows.extend(found)
+        fold_peaks(routine, keys, highs, ats, lows)
+        return left
 
     def _metric_of_line(self, rule_index: int, text: str) -> float:
         """`metric_value`, from the rule's regexes that have the metric's group (the first that gives it)."""

@@ -44,7 +44,12 @@ if TYPE_CHECKING:
     from ingest.decoders import RawRecord
 
 CHUNK_BYTES = 16 * 1024 * 1024
-SNIFF_BYTES = 256 * 1024  # the head of a file read for its prefix style (sniff_srun_labels)
+SNIFF_BYTES = 64 * 1024  # a plain file's first bytes, that tell binary data and forwarder JSON from a log
+# With several scan processes (`jobs`), a plain file from PARALLEL_BYTES on is mapped and cut into regions of
+# about size / (2 x jobs) (two regions a process, so one slower region does not leave a process idle), at
+# least MIN_REGION_BYTES and at most CHUNK_BYTES; with one, regions of CHUNK_BYTES from CHUNK_BYTES on.
+PARALLEL_BYTES = 8 * 1024 * 1024
+MIN_REGION_BYTES = 2 * 1024 * 1024
 
 
 class InputError(Exception):
@@ -124,8 +129,12 @@ def looks_binary(head: bytes) -> bool:
 
 
 def _looks_json_lines(head: bytes) -> bool:
+    """Forwarder output, one JSON object a line: `{"` or `{}` first, as the decoders tell a JSON object. A
+    dict a training script prints (`{'loss': 1.2, ...}`, HF Trainer's log) starts a plain log."""
     stripped = head.lstrip()
-    return (stripped.startswith(b"{") and b"}\n" in head[:65536]) or (stripped.startswith(b"{") and head.rstrip().endswith(b"}"))
+    if not stripped.startswith(b"{") or stripped[1:64].lstrip()[:1] not in (b'"', b"}"):
+        return False
+    return b"}\n" in head[:65536] or head.rstrip().endswith(b"}")
 
 
 _SYSLOG_FIRST = frozenset(b"<0123456789ADFJMNOS")  # what an rsyslog header starts with (a priority, a date, a month)
@@ -166,6 +175,7 @@ class Diagnoser:
         self.extractor = SignalExtractor(self.ruleset, self.matcher)
         self.engine = Engine(self.ruleset)
         self.routine = RoutineAggregator(self.matcher, self._identify_routine)
+        self._pool: multiprocessing.pool.Pool | None = None  # the scan processes of one signals_from_paths call
 
     # --- reading ------------------------------------------------------------------------
 
@@ -176,6 +186,17 @@ class Diagnoser:
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None = None,
     ) -> list[Signal]:
+        try:
+            signals = self._signals_of_sources(paths, job_id, stats, progress)
+        finally:
+            if self._pool is not None:  # the scan processes serve every file of the call, then go
+                self._pool.terminate()
+                self._pool = None
+        stats.signals = len(signals)
+        return signals
+
+    def _signals_of_sources(self, paths: Sequence[str], job_id: str, stats: DiagnoseStats,
+                            progress: Callable[[int], None] | None) -> list[Signal]:
         signals: list[Signal] = []
         sources = list(iter_sources(paths, stats))
         self._hosts = hosts_among(source.name for source in sources)
@@ -193,7 +214,6 @@ class Diagnoser:
             finally:
                 if stream is not sys.stdin.buffer:
                     stream.close()
-        stats.signals = len(signals)
         return signals
 
     def signals_from_stream(
@@ -204,7 +224,12 @@ class Diagnoser:
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
-        head = stream.read(CHUNK_BYTES)
+        # A plain file is sniffed from its first SNIFF_BYTES (it may be mapped, not read); other input from
+        # its first chunk. A file that starts like JSON with no line end in the sniff is told from its first
+        # chunk, as before there was a sniff.
+        head = stream.read(SNIFF_BYTES if source.path is not None else CHUNK_BYTES)
+        if len(head) == SNIFF_BYTES and source.path is not None and head.lstrip()[:1] == b"{" and b"}\n" not in head:
+            head += stream.read(CHUNK_BYTES - len(head))
         if looks_binary(head):
             stats.skipped.append(f"{source.name}: binary data, skipped")
             return []
@@ -217,7 +242,7 @@ class Diagnoser:
             path_hints["srun_labels"] = "node"
         if _looks_like_records(head):
             return self.signals_from_json_lines(source, stream, head, job_id, order_base, stats, progress)
-        if source.path is not None and len(head) == CHUNK_BYTES:
+        if source.path is not None and self._mapped_from() <= (source.size or 0):
             try:
                 mapped = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError, io.UnsupportedOperation):
@@ -225,6 +250,8 @@ class Diagnoser:
             if mapped is not None:
                 with mapped:
                     return self._signals_from_mapped(source, mapped, path_hints, job_id, order_base, stats, progress)
+        if source.path is not None and SNIFF_BYTES == len(head) < CHUNK_BYTES:
+            head += stream.read(CHUNK_BYTES - len(head))  # the first chunk, as for any other input
         out: list[Signal] = []
         routine: list[Signal] = []
         carry = b""
@@ -265,36 +292,51 @@ class Diagnoser:
         stats: DiagnoseStats,
         progress: Callable[[int], None] | None,
     ) -> list[Signal]:
-        """A plain file, mapped: its chunks are scanned in place (no copies), by `jobs` processes at
-        once. Every offset is a file offset, so a traceback's owner is found across chunk edges."""
-        regions = _regions(mapped, CHUNK_BYTES)
+        """A plain file, mapped: its regions are scanned in place (no copies), by `jobs` processes at once:
+        this one and `jobs - 1` forked ones, this one taking every `jobs`-th region while they scan the others.
+        Every offset is a file offset, so a traceback's owner is found across region edges."""
+        regions = _regions(mapped, self.region_bytes(len(mapped)))
         tasks = [(str(source.path), lo, hi, source.name, path_hints, job_id, order_base) for lo, hi in regions]
-        results: Iterator[tuple[list[Signal], int, RoutineAggregate]]
-        pool = None
-        if self.jobs > 1 and len(regions) > 1:
-            self.matcher.combined_database()  # built (or read from disk) once, before the processes fork
-            pool = _fork_pool(self, min(self.jobs, len(regions)))
-        try:
-            if pool is not None:
-                results = pool.imap(_scan_region_task, tasks)
-            else:
-                results = (self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, order_base)
-                           for lo, hi in regions)
-            out: list[Signal] = []
-            routine = RoutineAggregate()
-            for (lo, hi), (signals, lines_hit, acc) in zip(regions, results, strict=True):
-                out.extend(signals)
-                routine.merge(acc)
-                stats.lines_hit += lines_hit + acc.lines
-                stats.bytes += hi - lo
+        results: list[tuple[list[Signal], int, RoutineAggregate] | None] = [None] * len(regions)
+        theirs = [i for i in range(len(regions)) if i % self.jobs] if len(regions) > 1 else []
+        pending = None
+        if theirs:
+            if self._pool is None:
+                self.matcher.combined_database()  # built (or read from disk) once, before the processes fork
+                self._pool = _fork_pool(self, self.jobs - 1)
+            pending = self._pool.map_async(_scan_region_task, [tasks[i] for i in theirs], chunksize=1)
+        for i in range(0, len(regions), self.jobs if theirs else 1):
+            lo, hi = regions[i]
+            results[i] = self._scan_region(mapped, lo, hi, 0, source.name, path_hints, job_id, order_base)
+            if progress:
+                progress(hi - lo)
+        if pending is not None:
+            for i, scanned in zip(theirs, pending.get(), strict=True):
+                results[i] = scanned
                 if progress:
-                    progress(hi - lo)
-            # The whole file is mapped here: routine winners of every region are read from it once.
-            out.extend(self._routine_signals(mapped, len(mapped), routine, 0, source.name, path_hints, job_id, order_base))
-            return out
-        finally:
-            if pool is not None:
-                pool.terminate()
+                    progress(regions[i][1] - regions[i][0])
+        out: list[Signal] = []
+        routine = RoutineAggregate()
+        for (lo, hi), result in zip(regions, results, strict=True):
+            assert result is not None  # every region was scanned above
+            signals, lines_hit, acc = result
+            out.extend(signals)
+            routine.merge(acc)
+            stats.lines_hit += lines_hit + acc.lines
+            stats.bytes += hi - lo
+        # The whole file is mapped here: routine winners of every region are read from it once.
+        out.extend(self._routine_signals(mapped, len(mapped), routine, 0, source.name, path_hints, job_id, order_base))
+        return out
+
+    def _mapped_from(self) -> int:
+        """The size from which a plain file is mapped and scanned in regions (see PARALLEL_BYTES)."""
+        return min(CHUNK_BYTES, PARALLEL_BYTES) if self.jobs > 1 else CHUNK_BYTES
+
+    def region_bytes(self, size: int) -> int:
+        """The size of the regions a mapped file of `size` bytes is scanned in (see PARALLEL_BYTES)."""
+        if self.jobs <= 1:
+            return CHUNK_BYTES
+        return min(CHUNK_BYTES, max(MIN_REGION_BYTES, -(-size // (2 * self.jobs))))
 
     def _scan_region(
         self,
@@ -483,7 +525,8 @@ class _Prepend(io.RawIOBase):
     """A stream that yields `head` first, then the rest of `stream` (the head was read to sniff the format)."""
 
     def __init__(self, head: bytes, stream: BinaryReader) -> None:
-        self.head = head
+        self.head = memoryview(head)  # read from `at` on: a slice per read would copy the rest of the head
+        self.at = 0
         self.rest = stream
 
     def readable(self) -> bool:
@@ -491,10 +534,10 @@ class _Prepend(io.RawIOBase):
 
     def readinto(self, buffer: WriteableBuffer, /) -> int:
         b = memoryview(buffer).cast("B")
-        if self.head:
-            n = min(len(b), len(self.head))
-            b[:n] = self.head[:n]
-            self.head = self.head[n:]
+        if self.at < len(self.head):
+            n = min(len(b), len(self.head) - self.at)
+            b[:n] = self.head[self.at : self.at + n]
+            self.at += n
             return n
         data = self.rest.read(len(b))
         b[: len(data)] = data

@@ -16,27 +16,33 @@ prefixes costs.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import compress, repeat
-from operator import add, itemgetter, sub
+from operator import add, sub
 
-from correlator.diagnosis.matcher import Buffer, Hit, Matcher
+from correlator.diagnosis.matcher import Buffer, Hit, Matcher, trailing_numbers
 from correlator.diagnosis.routine_fold import Peak, fold_peaks
 from ingest.prefixes import Identity
 
 METRIC_KEEP = 16
 _VALUE_WINDOW = 96  # bytes before a metric match's end searched for its value (name, separators, number)
 _KEY = 16  # a line's first bytes that key its process (a rank prefix `[rank12345]:` fits)
-# A metric pattern that ends with its value as a plain number, then one byte that cannot continue it or
-# the line's end: the value is the last run of number bytes before the match's end.
-_TRAILING_NUMBER = r"[0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)(?:[^0-9.e]|$)"
-# Every byte that cannot be part of such a number becomes a space, so the value is the last word.
-_NUMBER_WORDS = bytes(c if c in b"0123456789.eE+-" else 0x20 for c in range(256))
-_NUMBER_WINDOW = 64  # bytes before a match's end that hold its value; a longer "number" is read one by one
 
 ProcessKey = object  # bytes (a rank-naming prefix) or a tuple (rank, host, pid, local_rank)
+NO_IDENTITY: ProcessKey = (None, None, None, None)  # a line whose prefixes name no rank, host, pid or local rank
+# The first bytes a line's identity can start with (`parse_prefixes`: a letter, a digit, `[`, `(`, a space, an
+# ANSI escape; the diagnoser's rsyslog check: `<`; and any non-ASCII byte, which may begin a letter): 1. A line
+# that starts with any other byte (`{'loss': ...`, `\r`, `|`, a tab) names nobody.
+_MAY_NAME = bytes(int(chr(c).isascii() and (chr(c).isalnum() or chr(c) in "[( \x1b<")) or c >= 0x80 for c in range(256))
+# A line's shape: its bytes with every ASCII digit made 0. The identity parser treats all digits alike (`\d`,
+# `int`), so lines of one shape take the same path through it: if one names nobody, all do. Not a line that
+# starts with `<`: an RFC 5424 syslog header is `<PRI>1 ` (its version, a literal 1), so those are parsed.
+_SHAPE = bytes(0x30 if 0x30 <= c <= 0x39 else c for c in range(256))
+_SHAPED = bytes(int(c != 0x3C) for c in range(256))  # the first bytes of lines whose shape tells
+_SHAPES_KEPT = 1 << 16
 
 
 @dataclass
@@ -63,10 +69,8 @@ class RoutineAggregator:
         self.matcher = matcher
         self.identify = identify
         self._prefixes: dict[bytes, bytes | None] = {}  # a line's first bytes -> the rank prefix they start with
-        # per metric routine id - base: whether its value is the number its match ends with
-        self._trailing = [regex is not None and regex.pattern.endswith(f"(?P<{name}>{_TRAILING_NUMBER}".encode())
-                          for regex, name in matcher.routine_value]
         self._named: dict[str, bool] = {}  # a prefix -> whether it is whole prefixes naming a rank
+        self._anonymous: dict[bytes, bool] = {}  # a line's shape -> whether its lines name nobody
 
     def _rank_prefix(self, key: bytes) -> bytes | None:
         """The prefix naming a rank that `key` (a newline and the next _KEY bytes of the file) starts its
@@ -107,8 +111,8 @@ class RoutineAggregator:
 
     def _keys(self, buf: Buffer, lo: int, hi: int, ends: list[int]) -> tuple[list[int], list[ProcessKey]]:
         """Line starts and process keys of the lines ending at or containing `ends`, with C-level maps: the
-        newline before each line and the _KEY bytes after it are the key. Keys whose bytes start with no
-        rank-naming prefix are replaced by the line's parsed identity, one by one."""
+        newline before each line and the _KEY bytes after it are the key when they start with a prefix naming
+        a rank. The other lines' keys come from their identity (`_identities`)."""
         newlines = list(map(partial(buf.rfind, b"\n", max(lo - 1, 0)), ends))
         keys: list[ProcessKey] = list(map(buf.__getitem__, map(slice, newlines, map(add, newlines, repeat(1 + _KEY)))))
         starts = list(map(add, newlines, repeat(1)))
@@ -117,11 +121,59 @@ class RoutineAggregator:
             keys[first] = b"\n" + bytes(buf[0:_KEY])
             first += 1
         prefix = self._rank_prefix
-        bad = {key for key in set(keys) if isinstance(key, bytes) and prefix(key) is None}  # every key is bytes here
+        distinct = set(keys)
+        if len(distinct) <= len(keys) // 2:  # prefixed lines: a rank's lines share a few keys, each asked once
+            unnamed: list[int] = []
+            bad = {key for key in distinct if prefix(key) is None}  # type: ignore[arg-type]  # every key is bytes here
+        else:
+            # Many keys of their own (lines with no launcher prefix: their first bytes are their message's):
+            # only a key whose line starts with `[` can be a rank prefix, the others are not asked one by one.
+            bracketed = list(map(bytes.startswith, keys, repeat(b"\n[")))  # type: ignore[arg-type]  # bytes, as above
+            unnamed = list(compress(range(len(keys)), map(operator.not_, bracketed)))
+            bad = {key for key in set(compress(keys, bracketed)) if prefix(key) is None}  # type: ignore[arg-type]  # bytes
         if bad:
-            for at in compress(range(len(keys)), map(bad.__contains__, keys)):
-                keys[at] = self._slow_key(buf, starts[at], hi)
+            unnamed.extend(compress(range(len(keys)), map(bad.__contains__, keys)))
+            unnamed.sort()
+        if unnamed:
+            for index, key in zip(unnamed, self._identities(buf, [starts[i] for i in unnamed], hi), strict=True):
+                keys[index] = key
         return starts, keys
+
+    def _identities(self, buf: Buffer, starts: list[int], hi: int) -> list[ProcessKey]:
+        """The process keys of lines that start with no rank prefix: NO_IDENTITY for a line whose first byte
+        cannot start an identity, or whose shape (`_SHAPE`) is known to name nobody; the parsed identity
+        (`_slow_key`) of the others, one by one."""
+        out: list[ProcessKey] = [NO_IDENTITY] * len(starts)
+        firsts = bytes(map(buf.__getitem__, starts))
+        ask = list(compress(range(len(starts)), firsts.translate(_MAY_NAME)))
+        if not ask:
+            return out
+        if b"<" in firsts:  # syslog's header: parsed line by line (see _SHAPED)
+            parse = set(compress(ask, map(operator.not_, map(_SHAPED.__getitem__, map(firsts.__getitem__, ask)))))
+            for k in parse:
+                out[k] = self._slow_key(buf, starts[k], hi)
+            ask = [k for k in ask if k not in parse]
+        line_starts = list(map(starts.__getitem__, ask))
+        line_ends = list(map(partial(buf.find, b"\n"), line_starts, repeat(hi)))
+        for k in range(len(line_ends) - 1, -1, -1):  # no newline after the region's last line
+            if line_ends[k] >= 0:
+                break
+            line_ends[k] = hi
+        shapes = list(map(bytes.translate, map(buf.__getitem__, map(slice, line_starts, line_ends)), repeat(_SHAPE)))
+        known = self._anonymous
+        if len(known) > _SHAPES_KEPT:
+            known.clear()
+        for shape in set(shapes).difference(known):
+            known[shape] = self._names_nobody(shape)
+        for k in compress(range(len(ask)), map(operator.not_, map(known.__getitem__, shapes))):
+            out[ask[k]] = self._slow_key(buf, line_starts[k], hi)
+        return out
+
+    def _names_nobody(self, line: bytes) -> bool:
+        """Whether a line (of this shape: any other digits give the same answer) names no rank, host, pid or
+        local rank."""
+        ident = self.identify(line.decode("utf-8", "replace").rstrip("\r"))
+        return ident.rank is None and ident.host is None and ident.pid is None and ident.local_rank is None
 
     def _add_progress(self, buf: Buffer, lo: int, hi: int, r: int, ends: list[int], acc: RoutineAggregate) -> None:
         """Progress hits (of routine id base + `r`) end at their line's end: each process's latest line start."""
@@ -134,24 +186,10 @@ class RoutineAggregator:
         then one fold (`fold_peaks`) that keeps each process's largest and smallest value."""
         # A metric match may end on its line's newline: look for the line's start before that.
         starts, keys = self._keys(buf, lo, hi, list(map(sub, ends, repeat(1))))
-        values = self._trailing_numbers(buf, starts, ends) if self._trailing[r] else None
+        values = trailing_numbers(buf, ends, starts) if self.matcher.routine_trailing[r] else None
         if values is None:
             values = self._values(buf, hi, r, starts, ends)
         fold_peaks(acc.metric, list(zip(repeat(r), keys)), values, starts)
-
-    @staticmethod
-    def _trailing_numbers(buf: Buffer, starts: list[int], ends: list[int]) -> list[float] | None:
-        """The number each match ends with, read in bulk (see `_TRAILING_NUMBER`); None when one of them is
-        not a plain number or too long for the window (a terminator that is a sign, say): the caller then
-        reads them one by one with the rule's regex."""
-        windows = map(buf.__getitem__, map(slice, map(max, starts, map(sub, ends, repeat(_NUMBER_WINDOW))), ends))
-        try:
-            numbers = list(map(itemgetter(-1), map(bytes.split, map(bytes.translate, windows, repeat(_NUMBER_WORDS)))))
-            if max(map(len, numbers), default=0) >= _NUMBER_WINDOW - 8:
-                return None
-            return list(map(float, numbers))
-        except (IndexError, ValueError):
-            return None
 
     def _values(self, buf: Buffer, hi: int, r: int, starts: list[int], ends: list[int]) -> list[float]:
         """Metric values one by one: the rule's value regex over the bytes before each match's end."""

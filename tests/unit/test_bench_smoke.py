@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from benchmarks import bench_matcher, bench_state, run
+from benchmarks import bench_families, bench_matcher, bench_state, run
 
 RATIO = re.compile(r"\d+\.\d+x")
 
@@ -32,7 +32,18 @@ def test_state_benchmark_prints_rss_against_its_baseline_and_the_doubling_ratio(
     assert results["double_match_ratio"] > 0 and results["double_correlate_ratio"] > 0
 
 
+def test_families_benchmark_prints_every_family_against_the_mixed_log_and_grep(capsys: pytest.CaptureFixture[str]) -> None:
+    results = bench_families.main(["--size-mb", "0.25", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert set(results) == {*bench_families.FAMILIES, bench_families.MIXED}
+    for name in bench_families.FAMILIES:
+        line = next(row for row in out.splitlines() if row.startswith(name))
+        assert len(RATIO.findall(line)) == 4, line  # diagnose and match stage, each against grep and the mixed log
+    assert "load average" in out and "x grep" in out
+    assert all(row["diagnose_vs_mixed"] > 0 and row["match_vs_grep"] > 0 for row in results.values())
+
+
 def test_run_lists_every_benchmark_and_refuses_unknown_names() -> None:
-    assert set(run.BENCHMARKS) == {"matcher", "end-to-end", "stream", "latency", "state"}
+    assert set(run.BENCHMARKS) == {"matcher", "end-to-end", "stream", "latency", "state", "families"}
     with pytest.raises(SystemExit):
         run.main(["--only", "nonsense"])

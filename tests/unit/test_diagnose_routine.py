@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from correlator.diagnosis.matcher import trailing_numbers
 from correlator.diagnosis.models import Signal
 from correlator.offline import diagnose
 from correlator.offline.diagnose import Diagnoser, DiagnoseStats
@@ -112,18 +113,18 @@ def test_metric_values_read_in_bulk_equal_the_rules_value_regex(diagnoser: Diagn
     assert len(by_id) >= 3  # grad norm, gnorm and params/weight norm
     read_in_bulk = 0
     for r, ends in by_id.items():
-        assert aggregator._trailing[r]
+        assert matcher.routine_trailing[r]
         starts = [buf.rfind(b"\n", 0, to - 1) + 1 for to in ends]
         exact = aggregator._values(buf, len(buf), r, starts, ends)
         for one in range(len(ends)):  # each alone, so one odd value does not send the others to the regex
-            bulk = aggregator._trailing_numbers(buf, starts[one : one + 1], ends[one : one + 1])
+            bulk = trailing_numbers(buf, ends[one : one + 1], starts[one : one + 1])
             if bulk is not None:
                 read_in_bulk += 1
                 assert bulk == exact[one : one + 1], buf[starts[one] : ends[one]]
-        together = aggregator._trailing_numbers(buf, starts, ends)
+        together = trailing_numbers(buf, ends, starts)
         assert together is None or together == exact
     assert read_in_bulk >= 9
     sign = buf.index(b"grad_norm=4.5-")
-    assert aggregator._trailing_numbers(buf, [sign], [sign + len("grad_norm=4.5-")]) is None
+    assert trailing_numbers(buf, [sign + len("grad_norm=4.5-")], [sign]) is None
     long = buf.index(b"grad_norm: 10")
-    assert aggregator._trailing_numbers(buf, [long], [buf.index(b" (a number", long) + 1]) is None
+    assert trailing_numbers(buf, [buf.index(b" (a number", long) + 1], [long]) is None

@@ -1,7 +1,8 @@
-"""Which host a shipped line gets (issue 31): the host the line names itself, else the shipper's (`--host`,
-`--host-from dir|stem`), else for a file what its path says by convention (as `diagnose` reads it; the
-shipping machine is only the job's last fallback), for a wrapped command or stdin the shipping machine's name. Forwarders' own host metadata (Kubernetes,
-Filebeat's host.name) still wins over a line's prefix, as before."""
+"""Which host a shipped line gets (issues 29, 31): the host the line names itself, else the shipper's
+(`--host`, `--host-from dir|stem`), else for a file what its path says by convention (as `diagnose` reads
+it; the shipping machine is only the job's last fallback), for a wrapped command or stdin the shipping
+machine's name. Forwarders' own host metadata (Kubernetes, Filebeat's host.name) still wins over a line's
+prefix, as before."""
 
 from __future__ import annotations
 
