@@ -464,7 +464,7 @@ class Diagnoser:
             if not line.strip():
                 continue
             try:
-                decoded = decode_value(line.rstrip(b"\n"))
+                decoded = decode_value(line.rstrip(b"\n"), year_hint=self._year)
             except DecodeError:
                 stats.decode_errors += 1
                 continue

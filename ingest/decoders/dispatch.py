@@ -187,8 +187,12 @@ def decode_value(
     received_ts: datetime | None = None,
     max_line_bytes: int = 65536,
     max_value_bytes: int = MAX_VALUE_BYTES,
+    year_hint: int | None = None,
 ) -> list[RawRecord]:
     """Records of one Kafka message value. Raises only DecodeError.
+
+    `year_hint`: the year of a syslog header that names none (the traditional format), when known better
+    than from `received_ts` (`rootrank diagnose` reads a job's year from its dated lines).
 
     Non-UTF-8 bytes in text are replaced (U+FFFD), lines longer than `max_line_bytes` are cut
     and flagged `labels["truncated"] = "1"`. A JSON document with nothing to scan in it (an
@@ -231,7 +235,7 @@ def decode_value(
         raise DecodeError("empty")
     c = lines[0][:1]
     if c == "<" or c.isdigit() or c in "ADFJMNOS":
-        syslog = rsyslog.decode_syslog_lines(lines, received_ts, max_line_bytes)
+        syslog = rsyslog.decode_syslog_lines(lines, received_ts, max_line_bytes, year_hint)
         if syslog is not None:
             return syslog
     return plain.decode_plain_lines(lines, received_ts, max_line_bytes)

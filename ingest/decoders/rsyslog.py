@@ -91,9 +91,10 @@ def syslog_header(line: str, year_hint: int | None = None) -> tuple[str, datetim
 
 
 def decode_syslog_lines(
-    lines: list[str], received_ts: datetime | None, max_line_bytes: int
+    lines: list[str], received_ts: datetime | None, max_line_bytes: int, year_hint: int | None = None
 ) -> list[RawRecord] | None:
-    year_hint = received_ts.year if received_ts is not None else None
+    if year_hint is None and received_ts is not None:
+        year_hint = received_ts.year
     first = _syslog_line(lines[0], year_hint)
     if first is None:
         return None
