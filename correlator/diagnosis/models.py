@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 Role = Literal["cause", "collateral", "either"]
 Severity = Literal["critical", "high", "medium", "low", "info"]
@@ -45,6 +46,26 @@ class Signal(BaseModel):
     attempt: int | None = None
     line: str = ""
     fields: dict[str, str | int | float] = Field(default_factory=dict)
+
+    # JSON has no NaN or infinity (orjson writes null, which reads back as no number at all): a non-finite
+    # value (a loss of nan, an infinite grad norm) travels as the string pydantic names it, and reads back as
+    # the float. A captured string never reads so: the extractor makes "nan" and "inf" floats.
+    @field_serializer("fields", when_used="json")
+    def _fields_json(self, fields: dict[str, str | int | float]) -> dict[str, str | int | float]:
+        if all(not isinstance(v, float) or math.isfinite(v) for v in fields.values()):
+            return fields
+        return {k: _NON_FINITE_NAME.get(str(v), v) if isinstance(v, float) else v for k, v in fields.items()}
+
+    @field_validator("fields", mode="before")
+    @classmethod
+    def _fields_read(cls, fields: object) -> object:
+        if isinstance(fields, dict) and any(isinstance(v, str) and v in _NON_FINITE for v in fields.values()):
+            return {k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in fields.items()}
+        return fields
+
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_NON_FINITE_NAME = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
 class Initiator(BaseModel):

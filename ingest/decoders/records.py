@@ -105,14 +105,17 @@ class DecodedLines:
     the lines that hit. `record(i)` is what `decode_value(...)[i]` would be.
     """
 
-    __slots__ = ("_before", "_make", "_records", "_runs", "_stream", "joined", "order_base", "texts")
+    __slots__ = ("_before", "_make", "_records", "_runs", "_stream", "joined", "order_base", "srun_labels", "texts")
 
     def __init__(self, texts: list[str], records: list[RawRecord] | None = None,
                  make: Callable[[int], RawRecord] | None = None,
                  stream: Callable[[int], tuple[object, ...]] | None = None,
                  runs: list[tuple[int, int]] | None = None, joined: str | None = None,
-                 before: Callable[[int], Iterator[str]] | None = None, order_base: int | None = None) -> None:
+                 before: Callable[[int], Iterator[str]] | None = None, order_base: int | None = None,
+                 srun_labels: str | None = None) -> None:
         self.texts = texts
+        # Lines of a file whose `srun -l` labels name nodes (the shipper read the file's head): "node".
+        self.srun_labels = srun_labels
         # Lines of a file: the order of its line number 0 (ingest/order.py); a line's order adds its number.
         self.order_base = order_base
         self.joined = joined  # "\n".join(texts), when the decoder had it at hand

@@ -58,7 +58,8 @@ def batch_records(obj: dict[str, object], received_ts: datetime | None, max_line
     def before(i: int) -> Iterator[str]:
         return lines_before_in(texts, rows[i], batch.context, CONTEXT_LINES)
 
-    return DecodedLines([r.text for r in records], records, before=before, order_base=_order_base(batch))
+    return DecodedLines([r.text for r in records], records, before=before, order_base=_order_base(batch),
+                        srun_labels=batch.srun_labels)
 
 
 def _order_base(batch: ShipBatch) -> int:
@@ -163,4 +164,4 @@ def batch_lines(obj: dict[str, object], received_ts: datetime | None, max_line_b
 
     streams = stream_col if index is None else [stream_col[j] for j in index]
     return DecodedLines(texts, make=make, stream=stream, runs=runs_of(streams), joined=whole, before=before,
-                        order_base=_order_base(batch))
+                        order_base=_order_base(batch), srun_labels=batch.srun_labels)

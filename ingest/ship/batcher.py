@@ -14,7 +14,7 @@ from typing import Protocol
 
 from ingest.multiline import lookback_needs
 from ingest.order import file_key
-from ingest.ship.chunks import Chunk, Source
+from ingest.ship.chunks import Chunk, Source, srun_labels_of
 from ingest.ship.options import ShipOptions, ShipStats, host_from_path
 from ingest.ship.positions import BacklogFile, Positions
 from ingest.ship.sender import Message, Sender
@@ -115,6 +115,7 @@ class Batcher:
             texts = body.decode("utf-8", "replace").split("\n")
             if source.fresh:
                 source.key, source.fresh = file_key(source.file or source.name, texts[0]), False
+                source.srun_labels = srun_labels_of(texts)
             self._window = (source.next_line - len(source.recent), source.recent + texts)
             self._add_texts(source, texts, chunk.read_ts)
             source.recent = self._window[1][-CONTEXT_LINES:]
@@ -252,13 +253,13 @@ class Batcher:
         values = [encode_batch(
             batch.lines, job_id=o.job_id, host=host, rank=o.rank, local_rank=o.local_rank,
             pid=source.pid, attempt=o.attempt, file=source.file, labels=o.labels, offset=batch.first_line,
-            context=batch.context, shipper=shipper, file_key=source.key,
+            context=batch.context, shipper=shipper, file_key=source.key, srun_labels=source.srun_labels,
         )]
         if len(values[0]) > MAX_BATCH_BYTES:  # a few very long lines: split to stay under the limit
             values = encode_batches(
                 batch.lines, job_id=o.job_id, host=host, rank=o.rank, local_rank=o.local_rank,
                 pid=source.pid, attempt=o.attempt, file=source.file, labels=o.labels, offset=batch.first_line,
-                context=batch.context, shipper=shipper, file_key=source.key,
+                context=batch.context, shipper=shipper, file_key=source.key, srun_labels=source.srun_labels,
             )
         key = self.key_of(source)
         now_ms = int(time.time() * 1000)

@@ -11,6 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ingest.order import file_key, first_line_of
+from ingest.prefixes import sniff_srun_labels
 from ingest.ship.spool import Spool
 
 
@@ -34,6 +36,17 @@ class Source:
     # that line is read (`fresh`: the next lines read start the stream, or a rotated file's new generation).
     key: int | None = None
     fresh: bool = True
+    # How the stream's `srun -l` labels read ("node": a launcher per node), from its first lines, as
+    # `rootrank diagnose` reads a file's head (ingest.prefixes.sniff_srun_labels); None: per rank.
+    srun_labels: str | None = None
+
+    def note_head(self, head: bytes) -> None:
+        """What the stream's first bytes say before its lines are read (the runner reads a file's head before
+        the shipping process forks): its place among the job's files and its `srun -l` reading."""
+        if b"\n" in head:
+            self.key = file_key(self.file or self.name, first_line_of(head))
+            self.srun_labels = srun_labels_of(head.decode("utf-8", "replace").splitlines())
+            self.fresh = False
 
 
 @dataclass(slots=True)
@@ -163,3 +176,20 @@ class ChunkQueue:
     def close(self) -> None:
         if self._overflow is not None:
             self._overflow.close()
+
+
+SNIFF_BYTES = 65536  # the head of a stream its `srun -l` reading is taken from (as `rootrank diagnose` reads it)
+
+
+def srun_labels_of(first_lines: list[str]) -> str | None:
+    """A stream's `srun -l` reading from its lines in its first SNIFF_BYTES: "node" when they show a launcher
+    per node."""
+    head: list[str] = []
+    size = 0
+    for line in first_lines:
+        if size >= SNIFF_BYTES:
+            break
+        head.append(line)
+        size += len(line) + 1
+    return "node" if sniff_srun_labels(head) == "node" else None
+

@@ -44,7 +44,6 @@ from typing import Any
 
 import orjson
 
-from ingest.order import file_key, first_line_of
 from ingest.ship.batcher import Batcher
 from ingest.ship.chunks import Chunk, ChunkQueue, Source
 from ingest.ship.cluster import ProbeResult, probe_in_child
@@ -234,9 +233,7 @@ def _resume_numbering(sources: dict[int, Source], positions: Positions, backlog:
                 head = fh.read(65536)
         except OSError:
             continue
-        if b"\n" in head:
-            source.key = file_key(source.file, first_line_of(head))
-            source.fresh = False
+        source.note_head(head)
 
 
 def _check_positions(options: ShipOptions, sources: dict[int, Source], positions: Positions, probe: ProbeResult) -> None:

@@ -19,6 +19,9 @@ a container's stderr), so identity is sent once per batch, not once per line:
       "file_key": 1234567,            # optional: the stream's key among a job's files (ingest/order.py:
                                       #   from its name and first line), which orders lines of different
                                       #   files as `rootrank diagnose` orders them
+      "srun_labels": "node",          # optional: how the file's `srun -l` labels read, when its first lines
+                                      #   show a launcher per node (ingest.prefixes.sniff_srun_labels),
+                                      #   read from the file's head as `rootrank diagnose` reads it
       "offset": 5120,                 # optional: line number of the first line in its stream (0-based),
                                       #   so every line has a stable position: a re-sent batch decodes
                                       #   to the same events, and order survives equal timestamps
@@ -97,6 +100,7 @@ class ShipBatch:
     context: list[str] = field(default_factory=list)  # the lines right before the first, in file order
     shipper: str | None = None
     file_key: int | None = None
+    srun_labels: str | None = None
 
 
 def bounded_context(lines: Sequence[str], max_bytes: int = CONTEXT_MAX_BYTES) -> list[str]:
@@ -121,10 +125,11 @@ def _header(
     context: Sequence[str] | None = None,
     shipper: str | None = None,
     file_key: int | None = None,
+    srun_labels: str | None = None,
 ) -> dict[str, object]:
     header: dict[str, object] = {"v": SHIP_FORMAT_VERSION, "source": SHIP_SOURCE}
     given = {"job_id": job_id, "host": host, "shipper": shipper, "rank": rank, "local_rank": local_rank, "pid": pid,
-             "attempt": attempt, "file": file, "file_key": file_key, "offset": offset}
+             "attempt": attempt, "file": file, "file_key": file_key, "srun_labels": srun_labels, "offset": offset}
     header.update({key: value for key, value in given.items() if value is not None})
     if labels:
         header["labels"] = {str(k): str(v) for k, v in labels.items()}
@@ -149,6 +154,7 @@ def encode_batch(
     context: Sequence[str] | None = None,
     shipper: str | None = None,
     file_key: int | None = None,
+    srun_labels: str | None = None,
 ) -> bytes:
     """One Kafka message value holding `lines` ((ts, stream, text) each) and their identity. `version`
     1 writes a row per line (what shippers before version 2 sent). `context`: the lines of the stream
@@ -156,7 +162,7 @@ def encode_batch(
     if not lines:
         raise ValueError("a batch needs at least one line")
     return orjson.dumps(_with_lines(_header(job_id, host, rank, local_rank, pid, attempt, file, labels, offset,
-                                            context, shipper, file_key), lines, version))
+                                            context, shipper, file_key, srun_labels), lines, version))
 
 
 def _with_lines(header: dict[str, object], lines: Sequence[ShipLine], version: int = SHIP_FORMAT_VERSION) -> dict[str, object]:
@@ -194,6 +200,7 @@ def encode_batches(
     context: Sequence[str] | None = None,
     shipper: str | None = None,
     file_key: int | None = None,
+    srun_labels: str | None = None,
 ) -> list[bytes]:
     """Like `encode_batch`, split into as many messages as needed to stay under `max_bytes`; each message's
     context is the lines before it (`context`, then the earlier messages' lines).
@@ -201,7 +208,7 @@ def encode_batches(
     A single line bigger than the limit is cut (the decoder flags over-long lines anyway).
     """
     header = _header(job_id, host, rank, local_rank, pid, attempt, file, labels, offset, shipper=shipper,
-                     file_key=file_key)
+                     file_key=file_key, srun_labels=srun_labels)
     # A message's context: at most an eighth of it, which JSON may escape to twice its size.
     context_bytes = min(CONTEXT_MAX_BYTES, max_bytes // 8)
     before = bounded_context(list(context or ()), context_bytes)
@@ -311,6 +318,7 @@ def parse_batch(obj: Mapping[str, object]) -> ShipBatch:
         offset=_opt_int(obj, "offset"),
         shipper=_opt_str(obj, "shipper"),
         file_key=_opt_int(obj, "file_key"),
+        srun_labels=_opt_str(obj, "srun_labels"),
     )
 
 

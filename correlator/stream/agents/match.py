@@ -230,7 +230,8 @@ class MatchProcessor:
             local = i - segment.start
             rule_index = hit.rule_index
             framed = frame_line(texts[i], lambda: lines.lines_before(local),
-                                lambda text: matcher.matches(rule_index, text))
+                                lambda text: matcher.matches(rule_index, text),
+                                srun_labels="node" if lines.srun_labels == "node" else "auto")
             record, offset = record_at(i)
             own = framed.identity.ts is not None or record.ts is not None
             event = cache[i] = file_line_event(record, framed.identity, framed.ts, offset=offset,
