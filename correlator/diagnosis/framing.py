@@ -8,8 +8,7 @@ wrote it or when. The same steps fill that in on both paths, so both give the en
 2. identity and time from the line itself (`identify_line`): a syslog header (host, time, pid) when the
    file is rsyslog text, then the prefixes (`parse_prefixes`);
 3. a line that names nobody and continues a record (a traceback's frames and exception line, NCCL's
-   `Last error:` detail, an entry of torchelastic's failure summary below its `rank : N (local_rank: M)`
-   line) takes the identity of the record it continues (`continued_identity`);
+   `Last error:` detail) takes the identity of the record it continues (`continued_identity`);
 4. a line without a time takes the time of the closest earlier timed line of its file, as a lower bound
    (`earlier_time`; the signal carries `time_borrowed`);
 5. what the file's path says by convention (`identity_from_path`: `node01/`, `rank3.log`, torchrun's
@@ -25,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from datetime import datetime
 from types import ModuleType
@@ -109,11 +107,6 @@ def earlier_time(before: Iterable[str], srun_labels: SrunLabels = "auto", year: 
     return None
 
 
-# torchelastic's ChildFailedError summary names an entry's process on its own line, above the lines that say
-# how it ended: "  rank      : 2 (local_rank: 2)", then "  exitcode  : -11 (pid: 22840)".
-_SUMMARY_RANK = re.compile(r"^(?:\S*[\]:>] ?)*\s+rank\s*: (\d+) \(local_rank: (\d+)\)\s*$")
-
-
 def continued_identity(
     current: str, before: Iterable[str], ident: Identity, srun_labels: SrunLabels = "auto", year: int | None = None
 ) -> Identity:
@@ -127,10 +120,6 @@ def continued_identity(
         if n == 0 and not (current_continues or is_continuation(prev)):
             break
         prev_ident = identify_line(prev, srun_labels, year)
-        summary = _SUMMARY_RANK.match(prev)
-        if summary is not None and prev_ident.rank is None:
-            # an entry of torchelastic's failure summary: its exitcode and traceback lines are that rank's
-            prev_ident = dataclasses.replace(prev_ident, rank=int(summary[1]), local_rank=int(summary[2]))
         if prev_ident.rank is not None or prev_ident.host is not None or prev_ident.pid is not None:
             return dataclasses.replace(
                 prev_ident,
