@@ -124,14 +124,7 @@ def to_event(
         host = record.host or identity.host
         if identity.host and record.host and identity.host != record.host:
             labels["origin_host"] = identity.host
-    line = identity.text
-    truncated = labels.get("truncated") == "1"
-    if len(line) > MAX_LINE_CHARS:
-        line = line[:MAX_LINE_CHARS]
-        truncated = True
-    raw_line = record.text if record.text != line else None
-    if raw_line is not None and len(raw_line) > MAX_LINE_CHARS:
-        raw_line = raw_line[:MAX_LINE_CHARS]
+    line, raw_line, truncated = _bounded_text(record.text, identity.text, labels.get("truncated") == "1")
     return LogEvent(
         job_id=job,
         host=host,
@@ -151,6 +144,17 @@ def to_event(
         attempt=record.attempt,
         labels=labels,
     )
+
+
+def _bounded_text(text: str, line: str, truncated: bool) -> tuple[str, str | None, bool]:
+    """The event's line (its text without the prefixes) and its raw text when that differs, each cut to
+    MAX_LINE_CHARS; whether anything was cut, here or by the decoder."""
+    if len(line) > MAX_LINE_CHARS:
+        line, truncated = line[:MAX_LINE_CHARS], True
+    raw_line = text if text != line else None
+    if raw_line is not None and len(raw_line) > MAX_LINE_CHARS:
+        raw_line = raw_line[:MAX_LINE_CHARS]
+    return line, raw_line, truncated
 
 
 def _first_int(*values: object) -> int | None:
@@ -175,14 +179,7 @@ def file_line_event(
     live line; else the borrowed one (the signal says so)."""
     hints = identity_from_path(record.file) if record.file else {}
     host_hint = hints.get("host")
-    line = identity.text
-    truncated = record.labels.get("truncated") == "1"
-    if len(line) > MAX_LINE_CHARS:
-        line = line[:MAX_LINE_CHARS]
-        truncated = True
-    raw_line = record.text if record.text != line else None
-    if raw_line is not None and len(raw_line) > MAX_LINE_CHARS:
-        raw_line = raw_line[:MAX_LINE_CHARS]
+    line, raw_line, truncated = _bounded_text(record.text, identity.text, record.labels.get("truncated") == "1")
     return LogEvent(
         job_id=job_id_for(record, path_regex=path_regex),
         host=identity.host or record.host or (host_hint if isinstance(host_hint, str) else None),
